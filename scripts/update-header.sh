@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Regenerates include/ple.h from src/ffi.rs (cbindgen runs in build.rs) and copies it into place.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(cargo build --lib --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "build-script-executed" and m["package_id"].startswith("path+"):
+        print(m["out_dir"])' | tail -1)
+cp "$out/ple.h" include/ple.h
+echo "include/ple.h updated from $out/ple.h"
