@@ -5,6 +5,8 @@
 //! request [`context`], [`prefetch`], [`gather`], the step [`pipeline`], [`cuda`], [`dequant`],
 //! [`stats`], and the C boundary [`ffi`].
 
+pub mod checkpoint;
+pub mod cli;
 pub mod context;
 pub mod error;
 pub mod ffi;
@@ -12,6 +14,7 @@ pub mod logging;
 pub mod model;
 pub mod pack;
 pub mod pipeline;
+pub mod synth;
 pub mod table;
 
 pub use error::{Error, Result};

@@ -154,8 +154,12 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn open(dir: &Path, _opts: OpenOptions) -> Result<Pipeline> {
-        let table = crate::table::Table::open(dir)?;
+    pub fn open(dir: &Path, opts: OpenOptions) -> Result<Pipeline> {
+        let topts = crate::table::TableOpenOptions {
+            config_json_path: opts.config_json_path.clone(),
+            checkpoint_dir: opts.checkpoint_dir.clone(),
+        };
+        let table = crate::table::Table::open(dir, &topts)?;
         Ok(Pipeline { table })
     }
     pub fn ngram_size(&self) -> u32 {

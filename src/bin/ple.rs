@@ -1,5 +1,6 @@
-//! The `ple` command-line tool.
+//! The `ple` command-line tool. Each subcommand is one function in `ple::cli`.
 use clap::{Parser, Subcommand};
+use ple::cli;
 
 #[derive(Parser)]
 #[command(
@@ -15,23 +16,28 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Pack a checkpoint's PLE shards into a row-addressable table.
-    Pack,
+    Pack(cli::PackArgs),
     /// Show a table's metadata and validation result.
-    Inspect,
-    /// Print the 16 row ids of each token of a sequence.
-    Lookup,
-    /// Benchmark a table.
-    Bench,
-    /// End-to-end demo on a generated table.
-    Demo,
+    Inspect(cli::InspectArgs),
+    /// Print the 16 row ids of each token of one sequence starting at position 0.
+    Lookup(cli::LookupArgs),
+    /// Benchmark a table: prefill and decode steps, warm and cold, against baselines.
+    Bench(cli::BenchArgs),
+    /// End to end on a generated table: pack, open, replay an engine, verify, report.
+    Demo(cli::DemoArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
-    match cli.cmd {
-        _ => {
-            eprintln!("not implemented yet");
-            std::process::exit(2);
-        }
+    let r = match cli.cmd {
+        Cmd::Pack(a) => cli::pack(a),
+        Cmd::Inspect(a) => cli::inspect(a),
+        Cmd::Lookup(a) => cli::lookup(a),
+        Cmd::Bench(a) => cli::bench(a),
+        Cmd::Demo(a) => cli::demo(a),
+    };
+    if let Err(e) = r {
+        eprintln!("ple: {e}");
+        std::process::exit(1);
     }
 }
