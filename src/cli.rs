@@ -55,6 +55,48 @@ pub struct DemoArgs {
     pub work_dir: PathBuf,
 }
 
+/// `ple synth-table <dir>` (hidden; for tests and benchmarks): writes a generated table.
+#[derive(Args, Debug)]
+pub struct SynthTableArgs {
+    pub dir: PathBuf,
+    /// nvfp4, fp8 or bf16.
+    #[arg(long, default_value = "nvfp4")]
+    pub format: String,
+    /// ngram_vocab_size_base: rows ≈ 16 × base.
+    #[arg(long, default_value_t = 1000)]
+    pub base: u64,
+    /// split_ngram_parts.
+    #[arg(long, default_value_t = 128)]
+    pub shards: u32,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The real model's full shape and hash parameters, with a sparse (all-zero) row file.
+    #[arg(long)]
+    pub full_sparse: bool,
+}
+
+pub fn synth_table(a: SynthTableArgs) -> Result<()> {
+    let format = crate::model::RowFormat::parse(&a.format)?;
+    let meta = if a.full_sparse {
+        crate::synth::write_sparse_full_table(&a.dir, format)?
+    } else {
+        crate::synth::write_table(
+            &a.dir,
+            format,
+            &crate::synth::small_config(a.base, a.shards),
+            a.seed,
+        )?
+    };
+    println!(
+        "{}: {} rows of {} bytes ({})",
+        a.dir.display(),
+        meta.total_rows,
+        meta.row_bytes,
+        format.name()
+    );
+    Ok(())
+}
+
 pub fn pack(_a: PackArgs) -> Result<()> {
     Err(Error::Unsupported("ple pack: not implemented yet".into()))
 }

@@ -16,5 +16,6 @@ pub mod pack;
 pub mod pipeline;
 pub mod synth;
 pub mod table;
+pub mod text;
 
 pub use error::{Error, Result};

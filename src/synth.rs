@@ -107,10 +107,63 @@ pub fn write_table(
     }
     w.flush()
         .map_err(|e| Error::io_path("writing", &rows_path, e))?;
-    let meta = TableMeta {
+    let meta = table_meta(
+        format,
+        cfg,
+        params,
+        per,
+        shards,
+        total,
+        format!("synthetic-{}-seed{seed}", format.name()),
+        format!("synthetic:{seed:016x}"),
+    );
+    write_meta(dir, &meta)?;
+    Ok(meta)
+}
+
+/// Writes a table with the real model's full shape and hash parameters (320,001,536 rows) whose
+/// row file is sparse: it takes no disk space and reads as zeros. For testing the hash and the API
+/// against the SPEC's test vector without a 27 GiB file.
+pub fn write_sparse_full_table(dir: &Path, format: RowFormat) -> Result<TableMeta> {
+    let cfg = ModelConfig::default();
+    let params = HashParams::derive(&cfg);
+    let (per, shards, total) = shape(&cfg, &params);
+    let rb = format.row_bytes(cfg.head_dim());
+    std::fs::create_dir_all(dir).map_err(|e| Error::io_path("creating", dir, e))?;
+    let rows_path = dir.join(ROWS_FILE);
+    let f =
+        std::fs::File::create(&rows_path).map_err(|e| Error::io_path("creating", &rows_path, e))?;
+    f.set_len(total * rb as u64)
+        .map_err(|e| Error::io_path("sizing", &rows_path, e))?;
+    let meta = table_meta(
+        format,
+        &cfg,
+        params,
+        per,
+        shards,
+        total,
+        "sparse-full-shape".into(),
+        "sparse".into(),
+    );
+    write_meta(dir, &meta)?;
+    Ok(meta)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn table_meta(
+    format: RowFormat,
+    cfg: &ModelConfig,
+    hash: HashParams,
+    per: u64,
+    shards: u32,
+    total: u64,
+    name: String,
+    fingerprint: String,
+) -> TableMeta {
+    TableMeta {
         format_version: FORMAT_VERSION,
         row_format: format,
-        row_bytes: rb as u32,
+        row_bytes: format.row_bytes(cfg.head_dim()) as u32,
         code_bytes: format.code_bytes(cfg.head_dim()) as u32,
         scale_bytes: format.scale_bytes(cfg.head_dim()) as u32,
         total_rows: total,
@@ -121,17 +174,16 @@ pub fn write_table(
         ngram_size: cfg.ngram_size,
         heads_per_ngram: cfg.heads_per_ngram,
         global_scale: global_scale(format),
-        hash: params,
-        source: SourceInfo {
-            name: format!("synthetic-{}-seed{seed}", format.name()),
-            fingerprint: format!("synthetic:{seed:016x}"),
-        },
+        hash,
+        source: SourceInfo { name, fingerprint },
         rows_file: ROWS_FILE.to_string(),
-    };
-    let json = serde_json::to_string_pretty(&meta).expect("metadata serialises");
-    std::fs::write(dir.join(META_FILE), json)
-        .map_err(|e| Error::io_path("writing", &dir.join(META_FILE), e))?;
-    Ok(meta)
+    }
+}
+
+fn write_meta(dir: &Path, meta: &TableMeta) -> Result<()> {
+    let json = serde_json::to_string_pretty(meta).expect("metadata serialises");
+    let p = dir.join(META_FILE);
+    std::fs::write(&p, json).map_err(|e| Error::io_path("writing", &p, e))
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ enum Cmd {
     Bench(cli::BenchArgs),
     /// End to end on a generated table: pack, open, replay an engine, verify, report.
     Demo(cli::DemoArgs),
+    /// Write a generated table (for tests and benchmarks).
+    #[command(hide = true)]
+    SynthTable(cli::SynthTableArgs),
 }
 
 fn main() {
@@ -35,6 +38,7 @@ fn main() {
         Cmd::Lookup(a) => cli::lookup(a),
         Cmd::Bench(a) => cli::bench(a),
         Cmd::Demo(a) => cli::demo(a),
+        Cmd::SynthTable(a) => cli::synth_table(a),
     };
     if let Err(e) = r {
         eprintln!("ple: {e}");
