@@ -58,6 +58,11 @@ cmake -S ffi-tests -B "$work/ffi" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TY
 cmake --build "$work/ffi" -j 2 >/dev/null
 ctest --test-dir "$work/ffi" --output-on-failure
 
+step "examples (engine integration) through find_package(ple) and ctest"
+cmake -S examples -B "$work/examples" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/examples" -j 2 >/dev/null
+ctest --test-dir "$work/examples" --output-on-failure
+
 step "C tests under valgrind"
 for t in $(ctest --test-dir "$work/ffi" -N | sed -n 's/^ *Test *#[0-9]*: //p'); do
   exe="$work/ffi/$t"
