@@ -6,12 +6,14 @@
 //! [`stats`], and the C boundary [`ffi`].
 
 pub mod context;
+pub mod cuda;
 pub mod error;
 pub mod ffi;
 pub mod logging;
 pub mod model;
 pub mod pack;
 pub mod pipeline;
+mod pipeline_gpu;
 pub mod table;
 
 pub use error::{Error, Result};
