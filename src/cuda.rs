@@ -872,36 +872,36 @@ impl GpuSide {
             st.readers = keep;
             (old, st.occupant)
         };
-        let deadline = Instant::now() + self.timeout;
-        let mut result = Ok(());
-        let mut direct = false;
-        {
+        // None: no deadline (a timeout too large to add to now, e.g. UINT64_MAX microseconds).
+        let deadline = Instant::now().checked_add(self.timeout);
+        let late = || deadline.is_some_and(|d| Instant::now() > d);
+        // Copy the handles out: never hold the event lock while polling (fuse needs it).
+        let handles: Vec<(u64, Ev)> = {
             let evs = self.events.lock().unwrap_or_else(|p| p.into_inner());
-            for &(q, i) in &old {
-                direct |= q == occupant;
-                if result.is_err() {
-                    continue;
+            old.iter().map(|&(q, i)| (q, evs.0[i])).collect()
+        };
+        let mut result = Ok(());
+        let direct = old.iter().any(|&(q, _)| q == occupant);
+        'events: for &(q, ev) in &handles {
+            loop {
+                // SAFETY: a live event created by us (events are destroyed only in drop).
+                let r = unsafe { sys::cuEventQuery(ev.0) };
+                if r == sys::CUresult::CUDA_SUCCESS {
+                    break;
                 }
-                loop {
-                    // SAFETY: a live event created by us.
-                    let r = unsafe { sys::cuEventQuery(evs.0[i].0) };
-                    if r == sys::CUresult::CUDA_SUCCESS {
-                        break;
-                    }
-                    if r != sys::CUresult::CUDA_ERROR_NOT_READY {
-                        result = ck(r, "cuEventQuery(slot reader)");
-                        break;
-                    }
-                    if Instant::now() > deadline {
-                        result = Err(Error::Timeout(format!(
-                            "the dequant kernel of step {q} (ring slot {slot}) did not finish \
-                             within {:?}; is the engine's stream stalled?",
-                            self.timeout
-                        )));
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_micros(20));
+                if r != sys::CUresult::CUDA_ERROR_NOT_READY {
+                    result = ck(r, "cuEventQuery(slot reader)");
+                    break 'events;
                 }
+                if late() {
+                    result = Err(Error::Timeout(format!(
+                        "the dequant kernel of step {q} (ring slot {slot}) did not finish \
+                         within {:?}; is the engine's stream stalled?",
+                        self.timeout
+                    )));
+                    break 'events;
+                }
+                std::thread::sleep(Duration::from_micros(20));
             }
         }
         self.recycle_events(old.iter().map(|&(_, i)| i));
@@ -909,7 +909,7 @@ impl GpuSide {
         let base = self.graph_base.load(Ordering::Acquire);
         if base != 0 && occupant >= base && !direct {
             while self.consumed_seq() < occupant {
-                if Instant::now() > deadline {
+                if late() {
                     return Err(Error::Timeout(format!(
                         "step {occupant} (ring slot {slot}) was not consumed by a CUDA Graph \
                          replay within {:?} (last consumed: {}); in graph mode every step from \
