@@ -581,6 +581,35 @@ ple_status ple_pack_options_default(struct ple_pack_options *options);
  */
 ple_status ple_pack(const char *checkpoint_dir, const char *out_dir, const struct ple_pack_options *options, ple_progress_fn progress, void *user_data);
 
+/**
+ * CUDA Graph mode, step 1. Enqueues on `cuda_stream` (the engine's `CUstream`) "the next graph
+ * replay consumes step `base_seq`". Then capture `ple_dequant_fuse_graph` once and replay it
+ * once per step: replay k consumes step `base_seq + k`, so submit steps `base_seq`,
+ * `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (the worker
+ * reuses a ring slot only after a replay consumed its previous step). Call it when no replay is
+ * in flight, and again with the next step after a device error. Needs `cuda_device >= 0`.
+ */
+ple_status ple_graph_prepare(struct ple_handle *handle, void *cuda_stream, uint64_t base_seq);
+
+/**
+ * CUDA Graph mode, step 2: enqueues on `cuda_stream` a device wait for the current graph step
+ * (a spin kernel with the handle's timeout, whatever `wait_mode` is), its dequantisation into
+ * `out` (a `CUdeviceptr` holding `capacity_tokens` tokens at `out_stride` elements of `out_dtype`)
+ * and the advance to the next step, with no step number baked in: capture this call into a CUDA
+ * graph once, after `ple_graph_prepare`. A step with more than `capacity_tokens` tokens is not
+ * written and raises a device error (`ple_check_device`). `flags` as in `ple_dequant_fuse`.
+ */
+ple_status ple_dequant_fuse_graph(struct ple_handle *handle, void *cuda_stream, uint32_t capacity_tokens, void *out, int32_t out_dtype, size_t out_stride, uint32_t flags);
+
+/**
+ * Reports (and clears) the first error the handle's kernels raised on the device since the last
+ * call: a device wait that timed out (`PLE_E_TIMEOUT`), a graph step larger than the captured
+ * capacity or a ring slot holding another step (`PLE_E_STATE`). The affected kernels wrote
+ * nothing. `PLE_OK` when there was none. Synchronise the stream first to see a kernel's error.
+ * `ple_dequant_fuse*` also return a pending device error instead of enqueueing.
+ */
+ple_status ple_check_device(struct ple_handle *handle);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -8,12 +8,14 @@
 pub mod checkpoint;
 pub mod cli;
 pub mod context;
+pub mod cuda;
 pub mod error;
 pub mod ffi;
 pub mod logging;
 pub mod model;
 pub mod pack;
 pub mod pipeline;
+mod pipeline_gpu;
 pub mod synth;
 pub mod table;
 pub mod text;

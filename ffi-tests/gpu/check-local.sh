@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Checks the GPU programs on a machine WITHOUT a GPU (CI, developers): compiles every program
+# with -Wall -Wextra -Werror against include/ple.h and the CUDA headers of PyPI's
+# nvidia-cuda-runtime-cu12 (pinned), checks that every ple_* symbol they use is exported by the
+# built libple.so, and runs the CPU-only self-test of the table generator and the reference
+# dequantisation against ml_dtypes/numpy (independent oracles).
+#
+#   ffi-tests/gpu/check-local.sh [LIBPLE_SO]     (default: $CARGO_TARGET_DIR or target, debug)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+so=${1:-${CARGO_TARGET_DIR:-$root/target}/debug/libple.so}
+RUNTIME_WHEEL="nvidia-cuda-runtime-cu12==12.9.79"
+venv="${PLE_KERNEL_VENV:-${CARGO_TARGET_DIR:-$root/target}/kernel-tools}"
+py="$venv/bin/python"
+have=$("$py" -m pip list --format=freeze --disable-pip-version-check 2>/dev/null || true)
+if ! grep -qx "$RUNTIME_WHEEL" <<<"$have" || ! grep -q "^ml.dtypes==" <<<"$have" || ! grep -q "^numpy==" <<<"$have"; then
+    echo "check-local: installing $RUNTIME_WHEEL ml_dtypes numpy into $venv"
+    python3 -m venv "$venv"
+    "$py" -m pip install --quiet --disable-pip-version-check "$RUNTIME_WHEEL" "ml_dtypes==0.5.4" "numpy<3"
+fi
+cuda_inc=$("$py" -c 'import nvidia.cuda_runtime, os; print(os.path.join(list(nvidia.cuda_runtime.__path__)[0], "include"))')
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/include"
+cp "$root/include/ple.h" "$tmp/include/ple.h"
+flags=(-O2 -std=gnu11 -Wall -Wextra -Werror -Wno-format-truncation -ffp-contract=off -fno-fast-math)
+for p in gpu_test gpu_bench; do
+    gcc "${flags[@]}" -I "$tmp/include" -I "$cuda_inc" -c "$here/$p.c" -o "$tmp/$p.o"
+    missing=$(comm -23 <(nm -u "$tmp/$p.o" | awk '{print $2}' | grep '^ple_' | sort -u) \
+        <(nm -D --defined-only "$so" | awk '{print $3}' | grep '^ple_' | sort -u))
+    if [[ -n "$missing" ]]; then
+        echo "check-local: FAIL: $p uses symbols $so does not export: $missing" >&2
+        exit 1
+    fi
+    echo "check-local: $p compiles; its ple_* symbols are exported by $(basename "$so")"
+done
+gcc "${flags[@]}" -I "$tmp/include" "$here/selftest.c" -o "$tmp/selftest" -lm
+"$tmp/selftest" "$tmp/tables" >"$tmp/dump.txt"
+"$py" "$here/check-reference.py" "$tmp/dump.txt"
+echo "check-local: OK"

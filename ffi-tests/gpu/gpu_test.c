@@ -1,0 +1,522 @@
+/*
+ * GPU checks of libple through its C API (run by run.sh on a machine with a GPU):
+ *  (a) kernel vs CPU dequant (ple_dequant_cpu) vs an independent reference, bit for bit, on
+ *      random rows, every format and dtype, with and without accumulate, with padded and odd
+ *      strides; argument checks of ple_dequant_fuse (buffer too small, host memory);
+ *  (b) submit -> ple_dequant_fuse for a 2048-token prefill and decode shapes;
+ *  (c) every wait mode, the spin kernel forced also where stream memory operations exist;
+ *  (d) CUDA Graph: capture once, replay steps with different tokens, each checked; a step over
+ *      the captured capacity is refused on the device; ple_dequant_fuse refuses capture;
+ *  (e) a device wait that times out is reported as an error, not a hang.
+ * Usage: gpu_test TABLE_ROOT OUTDIR   (writes OUTDIR/gpu_test.json; exit 0 iff every check passed)
+ */
+#include <cuda.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include "common.h"
+
+#define MAX_TOKENS 8192
+
+typedef struct {
+    char dir[4096];
+    int format, row_bytes;
+    float gs;
+    const uint8_t *rows; /* mmap of table.rows */
+    size_t rows_len;
+} table_t;
+
+static CUdevice g_dev;
+static CUcontext g_ctx;
+static CUstream g_s;
+static int g_stream_ops;
+static FILE *g_json;
+static int g_sections;
+
+static void section_result(const char *name, int fail_before, int pass_before, const char *note) {
+    fprintf(g_json, "%s\n    \"%s\": {\"passed\": %d, \"failed\": %d, \"note\": \"%s\"}",
+            g_sections++ ? "," : "", name, g_pass - pass_before, g_fail - fail_before,
+            note ? note : "");
+    fprintf(stderr, "[%s] %d passed, %d failed %s\n", name, g_pass - pass_before,
+            g_fail - fail_before, note ? note : "");
+}
+
+static void open_table(table_t *t, const char *root, const char *fmt, uint64_t seed) {
+    snprintf(t->dir, sizeof t->dir, "%s/%s", root, fmt);
+    table_desc td;
+    if (write_table(t->dir, fmt, 2003, seed, 0.0123f, &td) != 0) {
+        fprintf(stderr, "FATAL: write_table %s\n", t->dir);
+        exit(2);
+    }
+    t->format = !strcmp(fmt, "nvfp4") ? PLE_FORMAT_NVFP4 : !strcmp(fmt, "fp8") ? PLE_FORMAT_FP8
+                                                                                : PLE_FORMAT_BF16;
+    t->row_bytes = td.row_bytes;
+    t->gs = td.global_scale;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/table.rows", t->dir);
+    int fd = open(p, O_RDONLY);
+    t->rows_len = td.total_rows * (size_t)td.row_bytes;
+    t->rows = mmap(NULL, t->rows_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (t->rows == MAP_FAILED) {
+        perror("mmap");
+        exit(2);
+    }
+}
+
+/* The step's packed rows as the reference sees them: ids from ple_ngram_ids (no side effects),
+ * rows read from the table file directly. */
+static uint8_t *ref_rows(ple_handle *h, const table_t *t, const ple_batch *b) {
+    uint32_t n = b->num_tokens;
+    int64_t *ids = calloc((size_t)n * HEADS, sizeof(int64_t));
+    uint8_t *rows = calloc((size_t)n * HEADS, (size_t)t->row_bytes);
+    PLE_OK_OR_FAIL(ple_ngram_ids(h, b, ids));
+    for (size_t i = 0; i < (size_t)n * HEADS; i++) {
+        size_t off = (size_t)ids[i] * (size_t)t->row_bytes;
+        if (ids[i] < 0 || off + (size_t)t->row_bytes > t->rows_len) {
+            CHECK(0, "ngram id %lld outside the table", (long long)ids[i]);
+            continue;
+        }
+        memcpy(rows + i * (size_t)t->row_bytes, t->rows + off, (size_t)t->row_bytes);
+    }
+    free(ids);
+    return rows;
+}
+
+/* Device buffer of `tokens` rows at `stride` elements of `dtype`, plus a 256-byte guard. */
+typedef struct {
+    CUdeviceptr d;
+    uint8_t *init, *host;
+    size_t bytes;
+} outbuf;
+
+static void out_alloc(outbuf *o, rng_t *r, uint32_t tokens, size_t stride, int dtype) {
+    o->bytes = (size_t)tokens * stride * (size_t)dtype_size(dtype) + 256;
+    CU(cuMemAlloc(&o->d, o->bytes));
+    o->init = malloc(o->bytes);
+    o->host = malloc(o->bytes);
+    rng_fill(r, o->init, o->bytes);
+    CU(cuMemcpyHtoD(o->d, o->init, o->bytes));
+}
+
+static void out_fill(outbuf *o, uint8_t byte) {
+    memset(o->init, byte, o->bytes);
+    CU(cuMemcpyHtoD(o->d, o->init, o->bytes));
+}
+
+static void out_fetch(outbuf *o) { CU(cuMemcpyDtoH(o->host, o->d, o->bytes)); }
+
+static void out_free(outbuf *o) {
+    cuMemFree(o->d);
+    free(o->init);
+    free(o->host);
+}
+
+/* Compares `got` with init + reference dequant of `rows`; returns the number of differing
+ * elements (padding and guard included: they must be untouched). */
+static size_t compare_ref(const uint8_t *got, const uint8_t *init, size_t bytes, const table_t *t,
+                          const uint8_t *rows, uint32_t n, int dtype, size_t stride, int acc,
+                          const char *what) {
+    uint8_t *exp = malloc(bytes);
+    memcpy(exp, init, bytes);
+    if (rows) ref_dequant(t->format, t->gs, rows, n, exp, dtype, stride, acc);
+    int es = dtype_size(dtype);
+    size_t bad = 0, first = (size_t)-1;
+    for (size_t i = 0; i < bytes; i += (size_t)es)
+        if (memcmp(got + i, exp + i, (size_t)es) != 0) {
+            if (first == (size_t)-1) first = i / (size_t)es;
+            bad++;
+        }
+    if (bad) {
+        size_t e = first;
+        uint32_t g = 0, x = 0;
+        memcpy(&g, got + e * (size_t)es, (size_t)es);
+        memcpy(&x, exp + e * (size_t)es, (size_t)es);
+        fprintf(stderr,
+                "  %s: %zu elements differ; first: element %zu (token %zu, col %zu): got %#x, "
+                "expected %#x\n",
+                what, bad, e, e / stride, e % stride, g, x);
+    }
+    free(exp);
+    return bad;
+}
+
+static ple_status fuse(ple_handle *h, uint64_t seq, CUdeviceptr out, int dtype, size_t stride,
+                       uint32_t flags) {
+    return ple_dequant_fuse(h, (void *)g_s, seq, (void *)(uintptr_t)out, dtype, stride, flags);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* (a) correctness: GPU vs CPU vs reference                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+static uint64_t g_seq = 0;
+
+static void test_a(table_t tabs[3]) {
+    int p0 = g_pass, f0 = g_fail;
+    rng_t r = {1001};
+    const size_t strides[3] = {2560, 2560 + 64, 2563};
+    for (int ti = 0; ti < 3; ti++) {
+        table_t *t = &tabs[ti];
+        ple_handle *h = NULL;
+        if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_AUTO, 0, 4, &h)) != PLE_OK) continue;
+        ple_info info;
+        memset(&info, 0, sizeof info);
+        info.struct_size = sizeof info;
+        PLE_OK_OR_FAIL(ple_table_info(h, &info));
+        CHECK(info.format == t->format && info.row_bytes == (uint32_t)t->row_bytes,
+              "table_info format %d/%u", info.format, info.row_bytes);
+        CHECK(f32_bits(info.global_scale) == f32_bits(t->gs), "global scale %g vs %g",
+              (double)info.global_scale, (double)t->gs);
+        for (int dtype = 0; dtype < 3; dtype++)
+            for (int acc = 0; acc < 2; acc++)
+                for (int si = 0; si < 3; si++) {
+                    size_t stride = strides[si];
+                    uint32_t n = 37;
+                    batch_buf bb;
+                    make_batch(&bb, &r, n, 3, 100 + g_seq);
+                    uint64_t seq = ++g_seq, twin = ++g_seq;
+                    uint8_t *rows = ref_rows(h, t, &bb.b);
+                    PLE_OK_OR_FAIL(ple_submit(h, &bb.b, seq));
+                    PLE_OK_OR_FAIL(ple_submit(h, &bb.b, twin));
+                    outbuf o;
+                    out_alloc(&o, &r, n, stride, dtype);
+                    ple_status st = fuse(h, seq, o.d, dtype, stride, acc ? PLE_FUSE_ACCUMULATE : 0);
+                    CHECK(st == PLE_OK, "fuse %s: %s", ple_status_name(st), ple_last_error_message());
+                    /* the twin: gather check, then the CPU dequant */
+                    const uint8_t *prow = NULL;
+                    uint32_t pn = 0;
+                    PLE_OK_OR_FAIL(ple_packed_rows(h, twin, &prow, &pn));
+                    CHECK(pn == n && prow && !memcmp(prow, rows, (size_t)n * HEADS * t->row_bytes),
+                          "packed rows of step %llu differ from the table rows at its ids",
+                          (unsigned long long)twin);
+                    uint8_t *cpu = malloc(o.bytes);
+                    memcpy(cpu, o.init, o.bytes);
+                    PLE_OK_OR_FAIL(ple_dequant_cpu(h, twin, cpu, dtype, stride,
+                                                   acc ? PLE_FUSE_ACCUMULATE : 0));
+                    CU(cuStreamSynchronize(g_s));
+                    out_fetch(&o);
+                    char what[128];
+                    snprintf(what, sizeof what, "fmt %d %s acc %d stride %zu", t->format,
+                             dtype_name(dtype), acc, stride);
+                    CHECK(compare_ref(o.host, o.init, o.bytes, t, rows, n, dtype, stride, acc,
+                                      what) == 0,
+                          "GPU vs reference: %s", what);
+                    CHECK(compare_ref(cpu, o.init, o.bytes, t, rows, n, dtype, stride, acc,
+                                      what) == 0,
+                          "CPU vs reference: %s", what);
+                    CHECK(!memcmp(cpu, o.host, o.bytes), "GPU vs CPU: %s", what);
+                    PLE_OK_OR_FAIL(ple_check_device(h));
+                    free(cpu);
+                    free(rows);
+                    out_free(&o);
+                    free_batch(&bb);
+                }
+        /* argument checks: a buffer one element too small, host memory, a bad stride */
+        {
+            batch_buf bb;
+            make_batch(&bb, &r, 4, 1, 9000);
+            uint64_t seq = ++g_seq;
+            PLE_OK_OR_FAIL(ple_submit(h, &bb.b, seq));
+            CUdeviceptr small;
+            CU(cuMemAlloc(&small, (3 * 2560 + 2559) * 4));
+            ple_status st = ple_dequant_fuse(h, (void *)g_s, seq, (void *)(uintptr_t)small,
+                                             PLE_DTYPE_F32, 2560, 0);
+            CHECK(st == PLE_E_INVALID_ARGUMENT, "too small out buffer: %s (%s)",
+                  ple_status_name(st), ple_last_error_message());
+            float *hostbuf = malloc(4 * 2560 * 4);
+            st = ple_dequant_fuse(h, (void *)g_s, seq, hostbuf, PLE_DTYPE_F32, 2560, 0);
+            CHECK(st == PLE_E_INVALID_ARGUMENT, "host out buffer: %s", ple_status_name(st));
+            st = ple_dequant_fuse(h, (void *)g_s, seq, (void *)(uintptr_t)small, PLE_DTYPE_F32,
+                                  2559, 0);
+            CHECK(st == PLE_E_INVALID_ARGUMENT, "stride 2559: %s", ple_status_name(st));
+            /* the step is still there: consume it properly */
+            CUdeviceptr ok;
+            CU(cuMemAlloc(&ok, 4 * 2560 * 4));
+            st = ple_dequant_fuse(h, (void *)g_s, seq, (void *)(uintptr_t)ok, PLE_DTYPE_F32,
+                                  2560, 0);
+            CHECK(st == PLE_OK, "fuse after refused calls: %s (%s)", ple_status_name(st),
+                  ple_last_error_message());
+            CU(cuStreamSynchronize(g_s));
+            cuMemFree(ok);
+            cuMemFree(small);
+            free(hostbuf);
+            free_batch(&bb);
+        }
+        ple_close(h);
+    }
+    section_result("a_kernel_vs_cpu", f0, p0, "3 formats x 3 dtypes x accumulate x 3 strides");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* steps through one handle: submit then fuse (pipelined), checked against the reference     */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    batch_buf bb;
+    uint8_t *rows;
+    outbuf o;
+    uint64_t seq;
+} step_t;
+
+/* Submits k steps of the given sizes, fuses each right after its submit (so device waits really
+ * wait), then checks all. */
+static void run_steps(ple_handle *h, const table_t *t, const uint32_t *sizes, const uint32_t *reqs,
+                      int k, int dtype, const char *what) {
+    rng_t r = {(uint64_t)k * 7919 + sizes[0]};
+    step_t *s = calloc((size_t)k, sizeof *s);
+    for (int i = 0; i < k; i++) {
+        make_batch(&s[i].bb, &r, sizes[i], reqs[i], 5000 + (uint64_t)i * 100);
+        s[i].rows = ref_rows(h, t, &s[i].bb.b);
+        out_alloc(&s[i].o, &r, sizes[i], 2560, dtype);
+    }
+    CU(cuCtxSynchronize());
+    for (int i = 0; i < k; i++) {
+        s[i].seq = ++g_seq;
+        PLE_OK_OR_FAIL(ple_submit(h, &s[i].bb.b, s[i].seq));
+        ple_status st = fuse(h, s[i].seq, s[i].o.d, dtype, 2560, 0);
+        CHECK(st == PLE_OK, "%s: fuse step %d: %s (%s)", what, i, ple_status_name(st),
+              ple_last_error_message());
+    }
+    CU(cuStreamSynchronize(g_s));
+    PLE_OK_OR_FAIL(ple_check_device(h));
+    for (int i = 0; i < k; i++) {
+        out_fetch(&s[i].o);
+        char w[160];
+        snprintf(w, sizeof w, "%s step %d (%u tokens, %u requests)", what, i, sizes[i], reqs[i]);
+        CHECK(compare_ref(s[i].o.host, s[i].o.init, s[i].o.bytes, t, s[i].rows, sizes[i], dtype,
+                          2560, 0, w) == 0,
+              "%s", w);
+        free(s[i].rows);
+        out_free(&s[i].o);
+        free_batch(&s[i].bb);
+    }
+    free(s);
+}
+
+static void test_b(table_t *t) {
+    int p0 = g_pass, f0 = g_fail;
+    ple_handle *h = NULL;
+    if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_AUTO, 0, 4, &h)) == PLE_OK) {
+        const uint32_t prefill[1] = {2048}, prefill_r[1] = {1};
+        run_steps(h, t, prefill, prefill_r, 1, PLE_DTYPE_BF16, "prefill");
+        const uint32_t decode[4] = {1, 64, 8, 300}, decode_r[4] = {1, 64, 8, 5};
+        run_steps(h, t, decode, decode_r, 4, PLE_DTYPE_BF16, "decode");
+        const uint32_t big[2] = {8192, 1}, big_r[2] = {4, 1};
+        run_steps(h, t, big, big_r, 2, PLE_DTYPE_F32, "max");
+        ple_close(h);
+    }
+    section_result("b_prefill_decode", f0, p0, "nvfp4; prefill 2048; decode 1/64x1/8x1/300; 8192");
+}
+
+static void test_c(table_t *t) {
+    int p0 = g_pass, f0 = g_fail;
+    const int modes[4] = {PLE_WAIT_HOST, PLE_WAIT_STREAM_OP, PLE_WAIT_SPIN_KERNEL, PLE_WAIT_AUTO};
+    char note[256] = "";
+    for (int m = 0; m < 4; m++) {
+        ple_handle *h = NULL;
+        ple_status st = open_gpu(t->dir, modes[m], 0, 4, &h);
+        if (modes[m] == PLE_WAIT_STREAM_OP && !g_stream_ops) {
+            CHECK(st == PLE_E_UNSUPPORTED, "STREAM_OP without stream mem ops opened: %s",
+                  ple_status_name(st));
+            strncat(note, "stream_op unsupported here (refused as expected); ", sizeof note - strlen(note) - 1);
+            if (st == PLE_OK) ple_close(h);
+            continue;
+        }
+        CHECK(st == PLE_OK, "open wait mode %s: %s (%s)", wait_name(modes[m]), ple_status_name(st),
+              ple_last_error_message());
+        if (st != PLE_OK) continue;
+        ple_info info;
+        memset(&info, 0, sizeof info);
+        info.struct_size = sizeof info;
+        PLE_OK_OR_FAIL(ple_table_info(h, &info));
+        CHECK(info.device_wait_supported == (modes[m] != PLE_WAIT_HOST),
+              "%s: device_wait_supported %d", wait_name(modes[m]), info.device_wait_supported);
+        const uint32_t sizes[6] = {1, 17, 8192, 300, 1, 2048}, reqs[6] = {1, 3, 2, 300, 1, 1};
+        run_steps(h, t, sizes, reqs, 4, PLE_DTYPE_BF16, wait_name(modes[m]));
+        run_steps(h, t, sizes + 4, reqs + 4, 2, PLE_DTYPE_F16, wait_name(modes[m]));
+        ple_close(h);
+    }
+    section_result("c_wait_modes", f0, p0, note);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* (d) CUDA Graph                                                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+static void test_d(table_t *t) {
+    int p0 = g_pass, f0 = g_fail;
+    ple_handle *h = NULL;
+    if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_AUTO, 0, 2, &h)) != PLE_OK) {
+        section_result("d_graph", f0, p0, "open failed");
+        return;
+    }
+    rng_t r = {4242};
+    const uint32_t cap = 64;
+    const size_t stride = 2560 + 8;
+    outbuf o;
+    out_alloc(&o, &r, cap, stride, PLE_DTYPE_BF16);
+
+    /* ple_dequant_fuse must refuse capture */
+    {
+        batch_buf bb;
+        make_batch(&bb, &r, 3, 1, 7000);
+        uint64_t seq = ++g_seq;
+        PLE_OK_OR_FAIL(ple_submit(h, &bb.b, seq));
+        CU(cuStreamBeginCapture(g_s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        ple_status st = ple_dequant_fuse(h, (void *)g_s, seq, (void *)(uintptr_t)o.d,
+                                         PLE_DTYPE_BF16, stride, 0);
+        CHECK(st == PLE_E_INVALID_ARGUMENT, "ple_dequant_fuse under capture: %s",
+              ple_status_name(st));
+        CUgraph g0 = NULL;
+        cuStreamEndCapture(g_s, &g0);
+        if (g0) cuGraphDestroy(g0);
+        PLE_OK_OR_FAIL(ple_dequant_fuse(h, (void *)g_s, seq, (void *)(uintptr_t)o.d,
+                                        PLE_DTYPE_BF16, stride, 0));
+        CU(cuStreamSynchronize(g_s));
+        free_batch(&bb);
+    }
+
+    uint64_t base = g_seq + 1;
+    PLE_OK_OR_FAIL(ple_graph_prepare(h, (void *)g_s, base));
+    CUgraph graph;
+    CUgraphExec exec;
+    CU(cuStreamBeginCapture(g_s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    ple_status cst = ple_dequant_fuse_graph(h, (void *)g_s, cap, (void *)(uintptr_t)o.d,
+                                            PLE_DTYPE_BF16, stride, 0);
+    CU(cuStreamEndCapture(g_s, &graph));
+    CHECK(cst == PLE_OK, "ple_dequant_fuse_graph under capture: %s (%s)", ple_status_name(cst),
+          ple_last_error_message());
+    if (cst != PLE_OK) {
+        ple_close(h);
+        out_free(&o);
+        section_result("d_graph", f0, p0, "capture failed");
+        return;
+    }
+    CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+
+    /* replays: 3 steps with different tokens and sizes, one over capacity, one after it */
+    const uint32_t sizes[5] = {5, 64, 1, 65, 3};
+    for (int k = 0; k < 5; k++) {
+        batch_buf bb;
+        make_batch(&bb, &r, sizes[k], sizes[k] > 4 ? 4 : 1, 8000 + (uint64_t)k * 10);
+        uint8_t *rows = ref_rows(h, t, &bb.b);
+        uint64_t seq = ++g_seq;
+        CHECK(seq == base + (uint64_t)k, "graph steps must be consecutive");
+        out_fill(&o, (uint8_t)(0x11 * (k + 1)));
+        CU(cuCtxSynchronize());
+        PLE_OK_OR_FAIL(ple_submit(h, &bb.b, seq));
+        CU(cuGraphLaunch(exec, g_s));
+        CU(cuStreamSynchronize(g_s));
+        out_fetch(&o);
+        ple_status dev = ple_check_device(h);
+        char w[96];
+        snprintf(w, sizeof w, "replay %d (step %llu, %u tokens)", k, (unsigned long long)seq,
+                 sizes[k]);
+        if (sizes[k] > cap) {
+            CHECK(dev == PLE_E_STATE, "%s: over capacity reported as %s", w, ple_status_name(dev));
+            CHECK(compare_ref(o.host, o.init, o.bytes, t, NULL, 0, PLE_DTYPE_BF16, stride, 0, w) ==
+                      0,
+                  "%s: output touched", w);
+        } else {
+            CHECK(dev == PLE_OK, "%s: device error %s (%s)", w, ple_status_name(dev),
+                  ple_last_error_message());
+            CHECK(compare_ref(o.host, o.init, o.bytes, t, rows, sizes[k], PLE_DTYPE_BF16, stride,
+                              0, w) == 0,
+                  "%s", w);
+        }
+        free(rows);
+        free_batch(&bb);
+    }
+    cuGraphExecDestroy(exec);
+    cuGraphDestroy(graph);
+    ple_close(h);
+    out_free(&o);
+    section_result("d_graph", f0, p0, "capture once; replays of 5, 64, 1 tokens; 65 > capacity refused; 3 after");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* (e) a device wait that times out                                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+static void test_e(table_t *t) {
+    int p0 = g_pass, f0 = g_fail;
+    ple_handle *h = NULL;
+    const uint64_t timeout_us = 300000;
+    char note[160] = "";
+    if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_AUTO, timeout_us, 2, &h)) == PLE_OK) {
+        rng_t r = {77};
+        outbuf o;
+        out_alloc(&o, &r, 8, 2560, PLE_DTYPE_F32);
+        uint64_t base = ++g_seq; /* never submitted */
+        PLE_OK_OR_FAIL(ple_graph_prepare(h, (void *)g_s, base));
+        PLE_OK_OR_FAIL(
+            ple_dequant_fuse_graph(h, (void *)g_s, 8, (void *)(uintptr_t)o.d, PLE_DTYPE_F32, 2560, 0));
+        double t0 = now_s();
+        CUresult cr = cuStreamSynchronize(g_s);
+        double dt = now_s() - t0;
+        CHECK(cr == CUDA_SUCCESS, "stream sync after a timed-out wait: %d", (int)cr);
+        CHECK(dt < 10.0 && dt > 0.25, "device wait returned after %.3f s (timeout 0.3 s)", dt);
+        ple_status dev = ple_check_device(h);
+        CHECK(dev == PLE_E_TIMEOUT, "timed-out device wait reported as %s (%s)", ple_status_name(dev),
+              ple_last_error_message());
+        CHECK(ple_check_device(h) == PLE_OK, "device error not cleared by ple_check_device");
+        out_fetch(&o);
+        CHECK(compare_ref(o.host, o.init, o.bytes, t, NULL, 0, PLE_DTYPE_F32, 2560, 0,
+                          "timed-out step") == 0,
+              "timed-out step wrote output");
+        snprintf(note, sizeof note, "spin wait returned after %.3f s", dt);
+        out_free(&o);
+        t0 = now_s();
+        ple_close(h);
+        CHECK(now_s() - t0 < 10.0, "ple_close took %.3f s", now_s() - t0);
+    }
+    section_result("e_timeout", f0, p0, note);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: gpu_test TABLE_ROOT OUTDIR\n");
+        return 2;
+    }
+    mkdir(argv[1], 0755);
+    CU(cuInit(0));
+    CU(cuDeviceGet(&g_dev, 0));
+    CU(cuDevicePrimaryCtxRetain(&g_ctx, g_dev));
+    CU(cuCtxSetCurrent(g_ctx));
+    CU(cuStreamCreate(&g_s, CU_STREAM_NON_BLOCKING));
+    CU(cuDeviceGetAttribute(&g_stream_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, g_dev));
+    char name[256] = "";
+    cuDeviceGetName(name, sizeof name, g_dev);
+    int drv = 0;
+    cuDriverGetVersion(&drv);
+    fprintf(stderr, "device 0: %s, driver API %d, 64-bit stream mem ops %d, libple %s\n", name, drv,
+            g_stream_ops, ple_version_string());
+
+    char p[4200];
+    snprintf(p, sizeof p, "%s/gpu_test.json", argv[2]);
+    g_json = fopen(p, "w");
+    if (!g_json) {
+        perror(p);
+        return 2;
+    }
+    fprintf(g_json, "{\n  \"device\": \"%s\",\n  \"driver_api\": %d,\n  \"stream_mem_ops\": %d,\n"
+                    "  \"libple\": \"%s\",\n  \"sections\": {",
+            name, drv, g_stream_ops, ple_version_string());
+
+    table_t tabs[3];
+    open_table(&tabs[0], argv[1], "nvfp4", 11);
+    open_table(&tabs[1], argv[1], "fp8", 12);
+    open_table(&tabs[2], argv[1], "bf16", 13);
+
+    test_a(tabs);
+    test_b(&tabs[0]);
+    test_c(&tabs[0]);
+    test_d(&tabs[0]);
+    test_e(&tabs[0]);
+
+    fprintf(g_json, "\n  },\n  \"passed\": %d,\n  \"failed\": %d\n}\n", g_pass, g_fail);
+    fclose(g_json);
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -1,0 +1,509 @@
+/*
+ * libple GPU kernels (SPEC §5 dequantisation, §8 handshake). Compiled to PTX by NVRTC
+ * (scripts/gen-ptx.py, target compute_80, -fmad=false) and embedded in libple (src/cuda.rs).
+ * No headers: everything below is plain CUDA C++ with `extern "C"` entry points, so the mangled
+ * names never matter and the host can look kernels up by name.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * THE DEQUANTISATION RULE (every path, CPU and GPU, must match it bit for bit)
+ * ---------------------------------------------------------------------------------------------
+ * A token's 16 rows are contiguous: [16][row_bytes]. Element e (0..2559) of the token's output is
+ * element j = e % 160 of row h = e / 160. Its fp32 value v is:
+ *   nvfp4 (90 B/row): code = nibble j of the 80 code bytes (byte j/2: low nibble if j even, high if
+ *         odd); e2m1(code) = (bit 3 ? -1 : +1) * {0, 0.5, 1, 1.5, 2, 3, 4, 6}[code & 7];
+ *         bs = e4m3(byte 80 + j/16);
+ *         v = fp32_mul_rn(fp32_mul_rn(e2m1(code), bs), global_scale)
+ *         (the first product is exact; written as a multiply so both sides agree on -0).
+ *   fp8   (160 B/row): v = fp32_mul_rn(e4m3(byte j), global_scale)
+ *   bf16  (320 B/row): v = the little-endian bf16 at bytes 2j..2j+1, widened exactly (bits << 16);
+ *         no multiply (the table's global scale is 1.0 for bf16).
+ *   e4m3 ("fn"): sign bit 7, exponent bits 6..3 (bias 7), mantissa bits 2..0; exponent 0 is
+ *         subnormal: m * 2^-9; 0x7F and 0xFF are NaN; there are no infinities.
+ * Accumulate (PLE_FUSE_ACCUMULATE): old = the existing output element widened exactly to fp32
+ *         (f16/bf16 -> f32 is exact); v = fp32_add_rn(old, v). One add, never fused with the
+ *         multiply (no FMA contraction anywhere: the kernels use __fmul_rn/__fadd_rn and are
+ *         compiled with -fmad=false).
+ * Store:  ONE round-to-nearest-even conversion of v to the output dtype (f32: none). Subnormals
+ *         are kept on input and output (no flush-to-zero); values beyond the dtype's range round to
+ *         +-inf as IEEE RNE does. Any NaN is written as the canonical positive quiet NaN:
+ *         f32 0x7FC00000, f16 0x7E00, bf16 0x7FC0 (NaN payloads and signs are NOT propagated).
+ * Output element e of token t is at out + (t * out_stride + e) * sizeof(dtype); elements of the
+ * stride padding (2560..out_stride-1) are never read or written.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * THE HANDSHAKE (device side)
+ * ---------------------------------------------------------------------------------------------
+ * Host-mapped (pinned, DEVICEMAP) words written by the library's worker thread:
+ *   done        u64, = the last published step (steps publish in increasing seq order);
+ *   headers[s]  per ring slot s = seq % slots: {seq, num_tokens, failed}, written before done;
+ *   err         first device-side error {code, slot, seq, detail}, cleared by the host.
+ * Device memory: rows of slot s at rows + s * slot_stride ([num_tokens][16][row_bytes]);
+ *   gates[s]    result of the wait kernel for slot s {seq, num_tokens, ok};
+ *   dev_seq     CUDA Graph mode: the step the next replay consumes.
+ * A step is consumed only when done >= seq AND headers[seq % slots].seq == seq: rows of an older
+ * or newer step in the same slot are never read. When err.code != 0 no kernel writes output.
+ */
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+#define PLE_EMBED 2560
+#define PLE_HEAD_DIM 160
+#define ITEMS_PER_TOKEN 320 /* 8 elements per item */
+#define DEQUANT_BLOCK 256
+
+#define FMT_NVFP4 1
+#define FMT_FP8 2
+#define FMT_BF16 3
+#define DT_F32 0
+#define DT_F16 1
+#define DT_BF16 2
+#define FLAG_ACCUMULATE 1u
+
+/* Device error codes (err.code); keep in sync with src/cuda.rs. */
+#define ERR_WAIT_TIMEOUT 1u  /* the spin wait ran past its timeout (detail: done seen last) */
+#define ERR_OVER_CAPACITY 2u /* the step has more tokens than the launch's capacity (detail: n) */
+#define ERR_SEQ_MISMATCH 3u  /* the slot holds another step (detail: the slot's seq) */
+#define ERR_TOKEN_COUNT 4u   /* the step's token count differs from the host's (detail: n) */
+#define ERR_CLOSED 5u        /* the handle is being closed */
+
+struct SlotHeader { /* host-mapped, one per slot, 16 bytes */
+    u64 seq;
+    u32 num_tokens;
+    u32 failed;
+};
+
+struct DevError { /* host-mapped, 32 bytes; code written last */
+    u32 code;
+    u32 slot;
+    u64 seq;
+    u64 detail;
+    u64 reserved;
+};
+
+struct Gate { /* device memory, one per slot, 16 bytes */
+    u64 seq;
+    u32 num_tokens;
+    u32 ok;
+};
+
+/* Kernel parameter blocks: passed by value; layouts mirrored by #[repr(C)] structs in src/cuda.rs. */
+struct WaitParams {
+    u64 done;       /* const u64* host-mapped */
+    u64 err;        /* DevError* host-mapped */
+    u64 headers;    /* const SlotHeader* host-mapped, [slots] */
+    u64 gates;      /* Gate* device, [slots] */
+    u64 dev_seq;    /* const u64* device (graph mode) or 0 */
+    u64 expected;   /* the step to wait for when dev_seq == 0 */
+    u64 timeout_ns; /* %globaltimer budget */
+    u32 slots;
+    u32 capacity;   /* largest num_tokens the following dequant launch can cover */
+    u32 expect_n;   /* the host's num_tokens for the step, or 0 (graph mode: unknown) */
+    u32 reserved;
+};
+
+struct DequantParams {
+    u64 rows;        /* device base of slot 0 */
+    u64 slot_stride; /* bytes between slots */
+    u64 err;         /* DevError* host-mapped */
+    u64 headers;     /* const SlotHeader* host-mapped */
+    u64 gates;       /* Gate* device: 0 = ungated (check the header here), else read gates[slot] */
+    u64 dev_seq;     /* const u64* device (graph mode) or 0 */
+    u64 expected;    /* step when dev_seq == 0 */
+    u64 out;         /* device output base */
+    u64 out_stride;  /* elements between tokens, >= 2560 */
+    u32 slots;
+    u32 capacity;
+    u32 expect_n;
+    int fmt;
+    int dtype;
+    u32 flags;
+    float scale; /* global scale (unused for bf16 rows) */
+    u32 vec_ok;  /* 1: out and out_stride allow 16-byte vector access */
+};
+
+struct AdvanceParams {
+    u64 dev_seq;  /* u64* device */
+    u64 consumed; /* u64* host-mapped: last step a replay consumed (or skipped) */
+};
+
+struct SetParams {
+    u64 dev_seq;
+    u64 value;
+};
+
+static_assert(sizeof(SlotHeader) == 16, "SlotHeader layout");
+static_assert(sizeof(DevError) == 32, "DevError layout");
+static_assert(sizeof(Gate) == 16, "Gate layout");
+static_assert(sizeof(WaitParams) == 72, "WaitParams layout");
+static_assert(sizeof(DequantParams) == 104, "DequantParams layout");
+static_assert(sizeof(AdvanceParams) == 16, "AdvanceParams layout");
+
+/* ------------------------------------------------------------------------------------------ */
+/* small helpers                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ u64 ld_acquire_sys(u64 addr) {
+    u64 v;
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ u64 global_timer_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+static __device__ __forceinline__ void sleep_ns(u32 ns) {
+    asm volatile("nanosleep.u32 %0;" ::"r"(ns));
+}
+
+static __device__ __forceinline__ u32 err_code(u64 err) {
+    return *(volatile u32 *)&((DevError *)err)->code;
+}
+
+/* Records the first device error (plain volatile stores: no atomics on host memory over PCIe). */
+static __device__ void raise_error(u64 err, u32 code, u32 slot, u64 seq, u64 detail) {
+    volatile DevError *e = (volatile DevError *)err;
+    if (e->code != 0) return;
+    e->slot = slot;
+    e->seq = seq;
+    e->detail = detail;
+    __threadfence_system();
+    e->code = code;
+    __threadfence_system();
+}
+
+/* Checks the slot header of step `expected`; returns 1 when its rows may be read. */
+static __device__ u32 check_step(u64 err, u64 headers, u64 expected, u32 slots, u32 capacity,
+                                 u32 expect_n, u32 *n_out) {
+    u32 slot = (u32)(expected % slots);
+    volatile SlotHeader *h = ((volatile SlotHeader *)headers) + slot;
+    u64 seq = h->seq;
+    u32 n = h->num_tokens;
+    u32 failed = h->failed;
+    *n_out = 0;
+    if (seq != expected) {
+        raise_error(err, ERR_SEQ_MISMATCH, slot, expected, seq);
+        return 0;
+    }
+    if (failed) return 0; /* the step failed on the host: write nothing, ple_wait reports it */
+    if (n > capacity) {
+        raise_error(err, ERR_OVER_CAPACITY, slot, expected, n);
+        return 0;
+    }
+    if (expect_n != 0 && n != expect_n) {
+        raise_error(err, ERR_TOKEN_COUNT, slot, expected, n);
+        return 0;
+    }
+    *n_out = n;
+    return 1;
+}
+
+/* e4m3 "fn" -> fp32 (exact). */
+static __device__ __forceinline__ float e4m3_to_f32(u32 b) {
+    u32 sign = (b & 0x80u) << 24;
+    u32 em = b & 0x7Fu;
+    if (em == 0x7Fu) return __int_as_float(0x7FC00000);
+    u32 e = em >> 3, m = em & 7u;
+    float mag;
+    if (e == 0)
+        mag = __fmul_rn((float)m, 0.001953125f); /* m * 2^-9, exact */
+    else
+        mag = __int_as_float((int)(((e + 120u) << 23) | (m << 20)));
+    return __int_as_float(__float_as_int(mag) | (int)sign);
+}
+
+/* e2m1 code (4 bits) -> fp32 (exact). */
+static __device__ __forceinline__ float e2m1_to_f32(u32 nib) {
+    u32 c = nib & 7u;
+    u32 bits = c < 2 ? (c ? 0x3F000000u : 0u) : ((((c >> 1) + 126u) << 23) | ((c & 1u) << 22));
+    return __int_as_float((int)(bits | ((nib & 8u) << 28)));
+}
+
+static __device__ __forceinline__ bool is_nan(float v) {
+    return ((u32)__float_as_int(v) & 0x7FFFFFFFu) > 0x7F800000u;
+}
+
+static __device__ __forceinline__ u32 to_f32_bits(float v) {
+    return is_nan(v) ? 0x7FC00000u : (u32)__float_as_int(v);
+}
+
+static __device__ __forceinline__ u16 to_f16_bits(float v) {
+    if (is_nan(v)) return 0x7E00;
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
+static __device__ __forceinline__ u16 to_bf16_bits(float v) {
+    if (is_nan(v)) return 0x7FC0;
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+
+static __device__ __forceinline__ float f16_bits_to_f32(u32 h) {
+    float f;
+    u16 x = (u16)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+}
+
+static __device__ __forceinline__ float bf16_bits_to_f32(u32 h) {
+    return __int_as_float((int)((h & 0xFFFFu) << 16));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* decode: 8 consecutive elements e0..e0+7 (e0 % 8 == 0: one row, one nvfp4 scale block)      */
+/* ------------------------------------------------------------------------------------------ */
+
+template <int FMT> struct Fmt;
+
+template <> struct Fmt<FMT_NVFP4> {
+    enum : u32 { TOKEN_BYTES = 1440 };
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float scale, float v[8]) {
+        u32 h = e0 / PLE_HEAD_DIM, j = e0 - h * PLE_HEAD_DIM;
+        const u8 *row = tok + h * 90u;
+        const u16 *c = (const u16 *)(row + (j >> 1)); /* 2-byte aligned: h*90 and j/2 are even */
+        u32 codes = (u32)c[0] | ((u32)c[1] << 16);
+        float bs = e4m3_to_f32(row[80u + (j >> 4)]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float p = __fmul_rn(e2m1_to_f32((codes >> (4 * k)) & 0xFu), bs);
+            v[k] = __fmul_rn(p, scale);
+        }
+    }
+};
+
+template <> struct Fmt<FMT_FP8> {
+    enum : u32 { TOKEN_BYTES = 2560 };
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float scale, float v[8]) {
+        /* row h byte j == token byte e0 (row_bytes == head_dim); 8-byte aligned */
+        uint2 b = *(const uint2 *)(tok + e0);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[k] = __fmul_rn(e4m3_to_f32((b.x >> (8 * k)) & 0xFFu), scale);
+            v[k + 4] = __fmul_rn(e4m3_to_f32((b.y >> (8 * k)) & 0xFFu), scale);
+        }
+    }
+};
+
+template <> struct Fmt<FMT_BF16> {
+    enum : u32 { TOKEN_BYTES = 5120 };
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float, float v[8]) {
+        uint4 b = *(const uint4 *)(tok + 2u * e0); /* 16-byte aligned */
+        u32 w[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[2 * k] = bf16_bits_to_f32(w[k] & 0xFFFFu);
+            v[2 * k + 1] = bf16_bits_to_f32(w[k] >> 16);
+        }
+    }
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* store: 8 elements at out_row + e0, optional accumulate, vector or scalar                    */
+/* ------------------------------------------------------------------------------------------ */
+
+template <int DT> struct Out;
+
+template <> struct Out<DT_F32> {
+    static __device__ __forceinline__ void store(u64 row, u32 e0, float v[8], bool acc, bool vec) {
+        float *p = (float *)row + e0;
+        if (vec) {
+            float4 *q = (float4 *)p;
+            if (acc) {
+                float4 a = q[0], b = q[1];
+                v[0] = __fadd_rn(a.x, v[0]);
+                v[1] = __fadd_rn(a.y, v[1]);
+                v[2] = __fadd_rn(a.z, v[2]);
+                v[3] = __fadd_rn(a.w, v[3]);
+                v[4] = __fadd_rn(b.x, v[4]);
+                v[5] = __fadd_rn(b.y, v[5]);
+                v[6] = __fadd_rn(b.z, v[6]);
+                v[7] = __fadd_rn(b.w, v[7]);
+            }
+            uint4 a, b;
+            a.x = to_f32_bits(v[0]);
+            a.y = to_f32_bits(v[1]);
+            a.z = to_f32_bits(v[2]);
+            a.w = to_f32_bits(v[3]);
+            b.x = to_f32_bits(v[4]);
+            b.y = to_f32_bits(v[5]);
+            b.z = to_f32_bits(v[6]);
+            b.w = to_f32_bits(v[7]);
+            ((uint4 *)p)[0] = a;
+            ((uint4 *)p)[1] = b;
+        } else {
+            u32 *u = (u32 *)p;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float x = acc ? __fadd_rn(p[k], v[k]) : v[k];
+                u[k] = to_f32_bits(x);
+            }
+        }
+    }
+};
+
+template <int DT> static __device__ __forceinline__ float load16(u32 bits) {
+    return DT == DT_F16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
+}
+
+template <int DT> static __device__ __forceinline__ u32 conv16(float v) {
+    return DT == DT_F16 ? (u32)to_f16_bits(v) : (u32)to_bf16_bits(v);
+}
+
+template <int DT> struct Out16 {
+    static __device__ __forceinline__ void store(u64 row, u32 e0, float v[8], bool acc, bool vec) {
+        u16 *p = (u16 *)row + e0;
+        if (vec) {
+            uint4 *q = (uint4 *)p;
+            if (acc) {
+                uint4 a = q[0];
+                u32 w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    v[2 * k] = __fadd_rn(load16<DT>(w[k] & 0xFFFFu), v[2 * k]);
+                    v[2 * k + 1] = __fadd_rn(load16<DT>(w[k] >> 16), v[2 * k + 1]);
+                }
+            }
+            uint4 r;
+            r.x = conv16<DT>(v[0]) | (conv16<DT>(v[1]) << 16);
+            r.y = conv16<DT>(v[2]) | (conv16<DT>(v[3]) << 16);
+            r.z = conv16<DT>(v[4]) | (conv16<DT>(v[5]) << 16);
+            r.w = conv16<DT>(v[6]) | (conv16<DT>(v[7]) << 16);
+            q[0] = r;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float x = acc ? __fadd_rn(load16<DT>(p[k]), v[k]) : v[k];
+                p[k] = (u16)conv16<DT>(x);
+            }
+        }
+    }
+};
+
+template <> struct Out<DT_F16> : Out16<DT_F16> {};
+template <> struct Out<DT_BF16> : Out16<DT_BF16> {};
+
+template <int FMT, int DT>
+static __device__ void dequant_body(const DequantParams &p, u64 expected, u32 n) {
+    const u8 *rows = (const u8 *)(p.rows + (expected % p.slots) * p.slot_stride);
+    bool acc = (p.flags & FLAG_ACCUMULATE) != 0;
+    bool vec = p.vec_ok != 0;
+    u32 elem = DT == DT_F32 ? 4u : 2u;
+    u64 total = (u64)n * ITEMS_PER_TOKEN;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        u32 tok = (u32)(i / ITEMS_PER_TOKEN);
+        u32 e0 = (u32)(i - (u64)tok * ITEMS_PER_TOKEN) * 8u;
+        float v[8];
+        Fmt<FMT>::decode(rows + (u64)tok * Fmt<FMT>::TOKEN_BYTES, e0, p.scale, v);
+        Out<DT>::store(p.out + (u64)tok * p.out_stride * elem, e0, v, acc, vec);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* entry points                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * ple_wait_gate<<<1, 1>>>: waits until done >= expected (expected = *dev_seq in graph mode), or
+ * until err is set by someone else, or until timeout_ns of %globaltimer have passed (then raises
+ * ERR_WAIT_TIMEOUT). Then checks the slot header and writes the verdict to gates[slot], which the
+ * following ple_dequant (gated) reads from device memory.
+ */
+extern "C" __global__ void ple_wait_gate(WaitParams p) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    u64 expected = p.dev_seq ? *(volatile u64 *)p.dev_seq : p.expected;
+    u32 slot = (u32)(expected % p.slots);
+    u32 ok = 0, n = 0;
+    if (err_code(p.err) == 0) {
+        u64 t0 = global_timer_ns();
+        u32 nap = 32;
+        for (;;) {
+            u64 d = ld_acquire_sys(p.done);
+            if (d >= expected) {
+                ok = check_step(p.err, p.headers, expected, p.slots, p.capacity, p.expect_n, &n);
+                break;
+            }
+            if (err_code(p.err) != 0) break;
+            if (global_timer_ns() - t0 > p.timeout_ns) {
+                raise_error(p.err, ERR_WAIT_TIMEOUT, slot, expected, d);
+                break;
+            }
+            sleep_ns(nap);
+            if (nap < 1024) nap *= 2;
+        }
+    }
+    volatile Gate *g = ((volatile Gate *)p.gates) + slot;
+    g->seq = expected;
+    g->num_tokens = n;
+    g->ok = ok;
+}
+
+/*
+ * ple_dequant<<<grid, 256>>>: dequantises step `expected` (or *dev_seq) from its slot into out.
+ * Ungated (gates == 0, used after a host wait or a stream memory wait): thread 0 of every block
+ * reads err and the slot header itself. Gated: reads gates[slot] written by ple_wait_gate.
+ * Any failed check: the kernel writes nothing. Grid-stride over n * 320 items of 8 elements.
+ */
+extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) ple_dequant(DequantParams p) {
+    __shared__ u64 s_expected;
+    __shared__ u32 s_n, s_ok;
+    if (threadIdx.x == 0) {
+        u64 expected = p.dev_seq ? *(volatile u64 *)p.dev_seq : p.expected;
+        u32 ok = 0, n = 0;
+        if (p.gates) {
+            volatile Gate *g = ((volatile Gate *)p.gates) + (expected % p.slots);
+            if (g->seq == expected && g->ok) {
+                ok = 1;
+                n = g->num_tokens;
+            }
+        } else if (err_code(p.err) == 0) {
+            ok = check_step(p.err, p.headers, expected, p.slots, p.capacity, p.expect_n, &n);
+        }
+        s_expected = expected;
+        s_n = n;
+        s_ok = ok;
+    }
+    __syncthreads();
+    if (!s_ok) return;
+    u64 expected = s_expected;
+    u32 n = s_n;
+    switch (p.fmt * 4 + p.dtype) {
+    case FMT_NVFP4 * 4 + DT_F32: dequant_body<FMT_NVFP4, DT_F32>(p, expected, n); break;
+    case FMT_NVFP4 * 4 + DT_F16: dequant_body<FMT_NVFP4, DT_F16>(p, expected, n); break;
+    case FMT_NVFP4 * 4 + DT_BF16: dequant_body<FMT_NVFP4, DT_BF16>(p, expected, n); break;
+    case FMT_FP8 * 4 + DT_F32: dequant_body<FMT_FP8, DT_F32>(p, expected, n); break;
+    case FMT_FP8 * 4 + DT_F16: dequant_body<FMT_FP8, DT_F16>(p, expected, n); break;
+    case FMT_FP8 * 4 + DT_BF16: dequant_body<FMT_FP8, DT_BF16>(p, expected, n); break;
+    case FMT_BF16 * 4 + DT_F32: dequant_body<FMT_BF16, DT_F32>(p, expected, n); break;
+    case FMT_BF16 * 4 + DT_F16: dequant_body<FMT_BF16, DT_F16>(p, expected, n); break;
+    case FMT_BF16 * 4 + DT_BF16: dequant_body<FMT_BF16, DT_BF16>(p, expected, n); break;
+    default: break; /* validated on the host */
+    }
+}
+
+/*
+ * ple_graph_advance<<<1, 1>>>: last node of a captured step. Reports the step just handled to the
+ * host (consumed = *dev_seq, so the worker may reuse its slot) and moves to the next step.
+ */
+extern "C" __global__ void ple_graph_advance(AdvanceParams p) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    volatile u64 *s = (volatile u64 *)p.dev_seq;
+    u64 cur = *s;
+    *(volatile u64 *)p.consumed = cur;
+    __threadfence_system();
+    *s = cur + 1;
+}
+
+/* ple_graph_set<<<1, 1>>>: *dev_seq = value (ple_graph_prepare), ordered on the engine's stream. */
+extern "C" __global__ void ple_graph_set(SetParams p) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    *(volatile u64 *)p.dev_seq = p.value;
+}
