@@ -25,6 +25,9 @@ enum Cmd {
     Bench(cli::BenchArgs),
     /// End to end on a generated table: pack, open, replay an engine, verify, report.
     Demo(cli::DemoArgs),
+    /// Write a generated safetensors checkpoint (tests and benchmarks).
+    #[command(hide = true)]
+    SynthCheckpoint(cli::SynthCheckpointArgs),
 }
 
 fn main() {
@@ -35,6 +38,7 @@ fn main() {
         Cmd::Lookup(a) => cli::lookup(a),
         Cmd::Bench(a) => cli::bench(a),
         Cmd::Demo(a) => cli::demo(a),
+        Cmd::SynthCheckpoint(a) => cli::synth_checkpoint(a),
     };
     if let Err(e) = r {
         eprintln!("ple: {e}");
