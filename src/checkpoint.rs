@@ -640,6 +640,12 @@ fn first_diff(a: &[u64], b: &[u64]) -> String {
 impl Checkpoint {
     /// Locates and checks the PLE table of the checkpoint in `dir` (SPEC §4).
     pub fn open(dir: &Path) -> Result<Checkpoint> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(Error::Format(format!(
+                "{} is a file; give the checkpoint's directory (holding {INDEX_FILE} or {SINGLE_FILE})",
+                dir.display()
+            )));
+        }
         if !dir.is_dir() {
             return Err(Error::io_path(
                 "opening checkpoint",
@@ -1054,4 +1060,154 @@ fn check_tensor(t: &TensorRef, dtype: &str, shape: &[u64], padded: u64, shards: 
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor_file(dtype: &str, shape: Vec<u64>, data: &[u8]) -> (tempfile::TempDir, TensorRef) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.safetensors");
+        std::fs::write(&p, [&[0u8; 16][..], data].concat()).unwrap();
+        let r = TensorRef {
+            path: p,
+            info: TensorInfo {
+                name: "m.ple_embedding.ngram_heads_offsets".into(),
+                dtype: dtype.into(),
+                shape,
+                offset: 16,
+                len: data.len() as u64,
+            },
+        };
+        (d, r)
+    }
+
+    #[test]
+    fn hash_tensors_of_any_integer_dtype() {
+        let vals = [0u64, 7, 1 << 20];
+        let le = |w: usize| -> Vec<u8> {
+            vals.iter()
+                .flat_map(|v| v.to_le_bytes()[..w].to_vec())
+                .collect()
+        };
+        for (dt, w) in [("I64", 8), ("U64", 8), ("I32", 4), ("U32", 4)] {
+            let (_d, t) = tensor_file(dt, vec![3], &le(w));
+            assert_eq!(as_ints(&t, Some(3)).unwrap(), vals, "{dt}");
+        }
+        let (_d, t) = tensor_file("I16", vec![2], &[5, 0, 0xFF, 0x7F]);
+        assert_eq!(as_ints(&t, Some(2)).unwrap(), vec![5, 0x7FFF]);
+        // negative values, float dtypes and wrong lengths are errors naming the tensor
+        let (_d, t) = tensor_file("I32", vec![1], &(-3i32).to_le_bytes());
+        let e = as_ints(&t, Some(1)).unwrap_err().to_string();
+        assert!(
+            e.contains("negative value -3") && e.contains("ngram_heads_offsets"),
+            "{e}"
+        );
+        let (_d, t) = tensor_file("F32", vec![1], &1f32.to_le_bytes());
+        assert!(
+            as_ints(&t, Some(1))
+                .unwrap_err()
+                .to_string()
+                .contains("integer dtype")
+        );
+        let (_d, t) = tensor_file("I64", vec![3], &le(8));
+        assert!(
+            as_ints(&t, Some(16))
+                .unwrap_err()
+                .to_string()
+                .contains("expected shape [16]")
+        );
+    }
+
+    #[test]
+    fn scalar_scales_in_f32_bf16_f16() {
+        let (_d, t) = tensor_file("F32", vec![], &0.375f32.to_le_bytes());
+        assert_eq!(as_scalar_f32(&t).unwrap(), 0.375);
+        let (_d, t) = tensor_file("BF16", vec![1], &half::bf16::from_f32(0.5).to_le_bytes());
+        assert_eq!(as_scalar_f32(&t).unwrap(), 0.5);
+        let (_d, t) = tensor_file("F16", vec![], &half::f16::from_f32(2.0).to_le_bytes());
+        assert_eq!(as_scalar_f32(&t).unwrap(), 2.0);
+        let (_d, t) = tensor_file("F32", vec![2], &[0u8; 8]);
+        assert!(
+            as_scalar_f32(&t)
+                .unwrap_err()
+                .to_string()
+                .contains("scalar")
+        );
+        let (_d, t) = tensor_file("F32", vec![], &f32::NAN.to_le_bytes());
+        assert!(
+            as_scalar_f32(&t)
+                .unwrap_err()
+                .to_string()
+                .contains("positive finite")
+        );
+    }
+
+    #[test]
+    fn header_offsets_are_checked() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("h.safetensors");
+        let write = |h: &str, data: usize| {
+            let mut b = (h.len() as u64).to_le_bytes().to_vec();
+            b.extend_from_slice(h.as_bytes());
+            b.extend(std::iter::repeat_n(0u8, data));
+            std::fs::write(&p, b).unwrap();
+        };
+        write(
+            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"__metadata__":{"k":"v"}}"#,
+            4,
+        );
+        let h = read_header(&p).unwrap();
+        assert_eq!(h.tensors.len(), 1);
+        assert_eq!(h.get("a").unwrap().offset, h.data_start);
+        write(
+            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#,
+            3,
+        );
+        assert!(
+            read_header(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("truncated")
+        );
+        write(
+            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[4,0]}}"#,
+            4,
+        );
+        assert!(
+            read_header(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("begin after end")
+        );
+        write(
+            r#"{"a":{"dtype":"U8","shape":[2,3],"data_offsets":[0,4]}}"#,
+            4,
+        );
+        assert!(read_header(&p).unwrap_err().to_string().contains("needs"));
+        write(r#"{"a":{"dtype":"U8","shape":[4]}}"#, 4);
+        assert!(
+            read_header(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("malformed")
+        );
+        write(
+            r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#,
+            2,
+        );
+        assert!(
+            read_header(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("appears twice")
+        );
+        // unknown (sub-byte) dtypes pass the size check; they are refused only where used
+        write(
+            r#"{"a":{"dtype":"F4","shape":[8],"data_offsets":[0,4]}}"#,
+            4,
+        );
+        assert_eq!(read_header(&p).unwrap().tensors[0].dtype, "F4");
+    }
 }
