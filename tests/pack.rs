@@ -1123,7 +1123,7 @@ fn killed_mid_pack_leaves_no_table_and_a_rerun_succeeds() {
     use std::os::fd::AsRawFd;
     let d = tempfile::tempdir().unwrap();
     let ck = d.path().join("ck");
-    let mut s = CheckpointSpec::new(RowFormat::Nvfp4, 4000, 8, 21);
+    let mut s = CheckpointSpec::new(RowFormat::Nvfp4, 8000, 8, 21);
     s.shards_per_file = 3;
     let info = write_checkpoint(&ck, &s).unwrap();
     let out = d.path().join("out");
@@ -1138,7 +1138,8 @@ fn killed_mid_pack_leaves_no_table_and_a_rerun_succeeds() {
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
-    unsafe { libc::fcntl(stderr.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
+    let sz = unsafe { libc::fcntl(stderr.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
+    assert!(sz > 0, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
     let mut lines = std::io::BufReader::new(stderr).lines();
     loop {
         let l = lines.next().expect("packer ended early").unwrap();
