@@ -11,9 +11,18 @@ pub struct PackArgs {
     pub checkpoint_dir: PathBuf,
     /// Output table directory.
     pub out_dir: PathBuf,
-    /// Replace an existing table packed from another checkpoint.
+    /// Replace an existing table packed from another checkpoint (or rebuild an identical one).
     #[arg(long)]
     pub force: bool,
+    /// Bytes of the output buffer (memory is about twice this).
+    #[arg(long, default_value_t = 8 << 20, hide = true)]
+    pub buffer_bytes: usize,
+    /// Do not reserve the row file's size before writing (tests the write path on a full disk).
+    #[arg(long, hide = true)]
+    pub no_preallocate: bool,
+    /// Print `progress DONE TOTAL` lines on stderr instead of a progress bar (tests).
+    #[arg(long, hide = true)]
+    pub progress_lines: bool,
 }
 
 /// `ple inspect <table_dir> [--json]`
@@ -25,6 +34,37 @@ pub struct InspectArgs {
     /// config.json for tables made by the Python tool.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Also check that the table was packed from this checkpoint (fingerprint).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// `ple synth-checkpoint <dir>` (hidden): writes a generated safetensors checkpoint (tests, bench).
+#[derive(Args, Debug)]
+pub struct SynthCheckpointArgs {
+    pub dir: PathBuf,
+    /// nvfp4, fp8 or bf16.
+    #[arg(long, default_value = "nvfp4")]
+    pub format: String,
+    /// ngram_vocab_size_base (the table has about 16 × base rows).
+    #[arg(long, default_value_t = 1000)]
+    pub base: u64,
+    /// split_ngram_parts.
+    #[arg(long, default_value_t = 128)]
+    pub shards: u32,
+    #[arg(long, default_value_t = 8)]
+    pub shards_per_file: u32,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Also write the hash tensors.
+    #[arg(long)]
+    pub hash_tensors: bool,
+    /// One model.safetensors, no index.
+    #[arg(long)]
+    pub single_file: bool,
+    /// Do not write config.json.
+    #[arg(long)]
+    pub no_config: bool,
 }
 
 /// `ple lookup <table_dir> --tokens 9707,11,... [--json]`
@@ -97,14 +137,154 @@ pub fn synth_table(a: SynthTableArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn pack(_a: PackArgs) -> Result<()> {
-    Err(Error::Unsupported("ple pack: not implemented yet".into()))
+pub fn pack(a: PackArgs) -> Result<()> {
+    crate::logging::init();
+    let opts = crate::pack::PackOptions {
+        force: a.force,
+        buffer_bytes: a.buffer_bytes,
+        preallocate: !a.no_preallocate,
+    };
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    let lines = a.progress_lines;
+    let mut cb = |done: u64, total: u64| -> bool {
+        if lines {
+            eprintln!("progress {done} {total}");
+            return true;
+        }
+        let b = bar.get_or_insert_with(|| {
+            let b = indicatif::ProgressBar::new(total);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            b
+        });
+        b.set_position(done);
+        true
+    };
+    let r = crate::pack::pack(&a.checkpoint_dir, &a.out_dir, &opts, &mut cb);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let r = r?;
+    let secs = r.elapsed.as_secs_f64();
+    let mbps = if secs > 0.0 {
+        r.bytes_written as f64 / secs / 1e6
+    } else {
+        0.0
+    };
+    println!(
+        "ple pack: {} rows, {} bytes, {secs:.2} s, {mbps:.1} MB/s, reused: {} -> {}",
+        r.total_rows,
+        r.table_bytes,
+        if r.reused { "yes" } else { "no" },
+        a.out_dir.display()
+    );
+    Ok(())
 }
 
-pub fn inspect(_a: InspectArgs) -> Result<()> {
-    Err(Error::Unsupported(
-        "ple inspect: not implemented yet".into(),
-    ))
+pub fn inspect(a: InspectArgs) -> Result<()> {
+    let opts = crate::table::TableOpenOptions {
+        config_json_path: a.config.clone(),
+        checkpoint_dir: a.checkpoint.clone(),
+    };
+    let t = match crate::table::Table::open(&a.table_dir, &opts) {
+        Ok(t) => t,
+        Err(e) => {
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "table_dir": a.table_dir, "valid": false, "error": e.to_string() })
+                );
+            } else {
+                println!("table:        {}", a.table_dir.display());
+                println!("valid:        no");
+            }
+            return Err(e);
+        }
+    };
+    let m = t.meta();
+    let info = crate::table::table_info(&t);
+    if a.json {
+        let v = serde_json::json!({
+            "table_dir": a.table_dir,
+            "valid": true,
+            "rows_path": t.rows_path(),
+            "file_size": info.file_size,
+            "addressed_rows": info.addressed_rows,
+            "format_code": info.format,
+            "meta": m,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("serialises"));
+        return Ok(());
+    }
+    println!("table:        {}", a.table_dir.display());
+    println!(
+        "rows file:    {} ({} bytes)",
+        t.rows_path().display(),
+        info.file_size
+    );
+    println!(
+        "format:       {} ({} B/row: {} code + {} scale bytes)",
+        m.row_format.name(),
+        m.row_bytes,
+        m.code_bytes,
+        m.scale_bytes
+    );
+    println!(
+        "rows:         {} ({} shards × {}), {} addressed by the hash",
+        m.total_rows, m.num_shards, m.rows_per_shard, info.addressed_rows
+    );
+    println!(
+        "heads:        {} × {} elements, ngram_size {}, {} heads per order",
+        m.num_heads, m.head_dim, m.ngram_size, m.heads_per_ngram
+    );
+    println!(
+        "tokens:       vocab_size {}, eos {}",
+        m.hash.vocab_size, m.hash.eos_token_id
+    );
+    println!("global scale: {}", m.global_scale);
+    println!("multipliers:  {:?}", m.hash.multipliers);
+    println!("head sizes:   {:?}", m.hash.head_sizes);
+    println!(
+        "source:       {} (fingerprint {})",
+        m.source.name,
+        if m.source.fingerprint.is_empty() {
+            "unknown"
+        } else {
+            &m.source.fingerprint
+        }
+    );
+    println!("valid:        yes");
+    Ok(())
+}
+
+/// Writes a generated checkpoint (see [`crate::synth::write_checkpoint`]).
+pub fn synth_checkpoint(a: SynthCheckpointArgs) -> Result<()> {
+    let format = crate::model::RowFormat::parse(&a.format)?;
+    let mut spec = crate::synth::CheckpointSpec::new(format, a.base, a.shards, a.seed);
+    spec.shards_per_file = a.shards_per_file;
+    spec.single_file = a.single_file;
+    spec.write_config = !a.no_config;
+    if a.hash_tensors {
+        spec = spec.with_hash_tensors();
+    }
+    let t0 = std::time::Instant::now();
+    let info = crate::synth::write_checkpoint(&a.dir, &spec)?;
+    println!(
+        "ple synth-checkpoint: {} ({}): {} files, {} shards × {} rows, table {} bytes, {:.1} s",
+        a.dir.display(),
+        format.name(),
+        info.files.len(),
+        info.num_shards,
+        info.rows_per_shard,
+        info.table_bytes,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 pub fn lookup(_a: LookupArgs) -> Result<()> {

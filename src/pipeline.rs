@@ -169,7 +169,7 @@ impl Pipeline {
         16
     }
     pub fn table_info(&self) -> ple_table_info {
-        unimplemented!()
+        crate::table::table_info(&self.table)
     }
     pub fn stats(&self) -> ple_stats {
         unimplemented!()

@@ -186,6 +186,347 @@ fn write_meta(dir: &Path, meta: &TableMeta) -> Result<()> {
     std::fs::write(&p, json).map_err(|e| Error::io_path("writing", &p, e))
 }
 
+/// Where an NVFP4 checkpoint keeps its global scale `weight_scale_2`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale2Layout {
+    /// One copy per shard, `prefix.shard_{i}.weight_scale_2` (ModelOpt style).
+    PerShard,
+    /// One copy, `prefix.weight_scale_2`.
+    Prefix,
+    /// Both.
+    Both,
+}
+
+/// What [`write_checkpoint`] generates.
+#[derive(Clone, Debug)]
+pub struct CheckpointSpec {
+    pub format: RowFormat,
+    /// Model constants (`ngram_vocab_size_base`, `split_ngram_parts`, …); written to config.json.
+    pub config: ModelConfig,
+    /// Row contents: global row `r` is [`fill_row`]`(seed, format, r)`.
+    pub seed: u64,
+    /// Shards per safetensors file (0: all in one file).
+    pub shards_per_file: u32,
+    /// One `model.safetensors` without an index.
+    pub single_file: bool,
+    /// Write config.json.
+    pub write_config: bool,
+    /// Write these hash tensors (`…ple_embedding.layer_multipliers` etc., I64).
+    pub hash_tensors: Option<HashParams>,
+    /// The global scale (NVFP4 `weight_scale_2`, FP8 `weight_scale`; unused for BF16).
+    pub global_scale: f32,
+    pub scale2_layout: Scale2Layout,
+    /// Decoder layer of the PLE module in tensor names (`model.language_model.layers.{layer}.ple…`).
+    pub layer: u32,
+}
+
+impl CheckpointSpec {
+    /// A checkpoint with the model's hash constants, `ngram_vocab_size_base = base`, `shards`
+    /// shards, 4 shards per file, config.json, no hash tensors.
+    pub fn new(format: RowFormat, base: u64, shards: u32, seed: u64) -> CheckpointSpec {
+        CheckpointSpec {
+            format,
+            config: small_config(base, shards),
+            seed,
+            shards_per_file: 4,
+            single_file: false,
+            write_config: true,
+            hash_tensors: None,
+            global_scale: global_scale(format),
+            scale2_layout: Scale2Layout::PerShard,
+            layer: 1,
+        }
+    }
+
+    /// Also write the hash tensors, with the values config.json derives.
+    pub fn with_hash_tensors(mut self) -> CheckpointSpec {
+        self.hash_tensors = Some(HashParams::derive(&self.config));
+        self
+    }
+
+    /// The PLE tensor prefix (`….ple_embedding.ngram_embedding`).
+    pub fn prefix(&self) -> String {
+        format!(
+            "model.language_model.layers.{}.ple.ple_embedding.ngram_embedding",
+            self.layer
+        )
+    }
+}
+
+/// What [`write_checkpoint`] wrote.
+#[derive(Clone, Debug)]
+pub struct CheckpointInfo {
+    /// The safetensors files, in order.
+    pub files: Vec<std::path::PathBuf>,
+    pub prefix: String,
+    pub rows_per_shard: u64,
+    pub num_shards: u32,
+    pub total_rows: u64,
+    /// Bytes of the packed table this checkpoint gives (total_rows × row_bytes).
+    pub table_bytes: u64,
+}
+
+/// Contents of one tensor to write.
+enum Data {
+    /// Rows `[first, first + rows)` of the table, bytes `[from, to)` of each generated row.
+    Rows {
+        first: u64,
+        rows: u64,
+        from: usize,
+        to: usize,
+    },
+    Bytes(Vec<u8>),
+}
+
+struct TensorOut {
+    name: String,
+    dtype: &'static str,
+    shape: Vec<u64>,
+    data: Data,
+}
+
+impl TensorOut {
+    fn len(&self) -> u64 {
+        match &self.data {
+            Data::Rows { rows, from, to, .. } => rows * (to - from) as u64,
+            Data::Bytes(b) => b.len() as u64,
+        }
+    }
+}
+
+/// Writes one safetensors file (8-byte LE header length, JSON header padded with spaces to a
+/// multiple of 8, data), streaming generated rows through a bounded buffer.
+fn write_safetensors(
+    path: &Path,
+    tensors: &[TensorOut],
+    format: RowFormat,
+    seed: u64,
+    head_dim: usize,
+) -> Result<()> {
+    let mut header = serde_json::Map::new();
+    header.insert(
+        "__metadata__".into(),
+        serde_json::json!({ "format": "pt", "generator": "libple synth" }),
+    );
+    let mut off = 0u64;
+    for t in tensors {
+        let len = t.len();
+        header.insert(
+            t.name.clone(),
+            serde_json::json!({ "dtype": t.dtype, "shape": t.shape, "data_offsets": [off, off + len] }),
+        );
+        off += len;
+    }
+    let mut h = serde_json::to_vec(&header).expect("header serialises");
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let f = std::fs::File::create(path).map_err(|e| Error::io_path("creating", path, e))?;
+    let mut w = std::io::BufWriter::with_capacity(4 << 20, f);
+    let io = |e| Error::io_path("writing", path, e);
+    w.write_all(&(h.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&h).map_err(io)?;
+    let rb = format.row_bytes(head_dim);
+    let mut row = vec![0u8; rb];
+    for t in tensors {
+        match &t.data {
+            Data::Bytes(b) => w.write_all(b).map_err(io)?,
+            Data::Rows {
+                first,
+                rows,
+                from,
+                to,
+            } => {
+                for r in *first..first + rows {
+                    fill_row(seed, format, r, &mut row);
+                    w.write_all(&row[*from..*to]).map_err(io)?;
+                }
+            }
+        }
+    }
+    w.flush().map_err(io)?;
+    Ok(())
+}
+
+/// Writes a real safetensors checkpoint into `dir` (created if needed): the PLE shards of
+/// `spec.format` with rows from [`fill_row`] (so a packed row `r` must equal
+/// [`expected_row`]`(seed, format, r)`), the global scale, optional hash tensors, a small unrelated
+/// tensor, `model.safetensors.index.json` (unless single-file) and config.json (`text_config`).
+/// Streams: memory stays bounded whatever the size.
+pub fn write_checkpoint(dir: &Path, spec: &CheckpointSpec) -> Result<CheckpointInfo> {
+    let cfg = &spec.config;
+    cfg.validate()?;
+    let params = HashParams::derive(cfg);
+    let (per, shards, total) = shape(cfg, &params);
+    let f = spec.format;
+    let hd = cfg.head_dim();
+    let (cb, sb) = (f.code_bytes(hd), f.scale_bytes(hd));
+    let prefix = spec.prefix();
+    let module = prefix.trim_end_matches(".ngram_embedding").to_string();
+    std::fs::create_dir_all(dir).map_err(|e| Error::io_path("creating", dir, e))?;
+
+    let scalar = |v: f32| Data::Bytes(v.to_le_bytes().to_vec());
+    // Tensors that are not shards go into the first file.
+    let mut common = vec![TensorOut {
+        name: "model.language_model.embed_tokens.weight".into(),
+        dtype: "BF16",
+        shape: vec![4, 8],
+        data: Data::Bytes((0..64u8).collect()),
+    }];
+    match f {
+        RowFormat::Nvfp4 if spec.scale2_layout != Scale2Layout::PerShard => {
+            common.push(TensorOut {
+                name: format!("{prefix}.weight_scale_2"),
+                dtype: "F32",
+                shape: vec![],
+                data: scalar(spec.global_scale),
+            })
+        }
+        RowFormat::Fp8 => common.push(TensorOut {
+            name: format!("{prefix}.weight_scale"),
+            dtype: "F32",
+            shape: vec![1],
+            data: scalar(spec.global_scale),
+        }),
+        _ => {}
+    }
+    if let Some(h) = &spec.hash_tensors {
+        let ints = |v: &[u64]| Data::Bytes(v.iter().flat_map(|x| x.to_le_bytes()).collect());
+        for (k, v) in [
+            ("layer_multipliers", &h.multipliers),
+            ("ngram_heads_vocab_sizes", &h.head_sizes),
+            ("ngram_heads_offsets", &h.offsets),
+        ] {
+            common.push(TensorOut {
+                name: format!("{module}.{k}"),
+                dtype: "I64",
+                shape: vec![v.len() as u64],
+                data: ints(v),
+            });
+        }
+    }
+
+    let per_file = if spec.single_file || spec.shards_per_file == 0 {
+        shards
+    } else {
+        spec.shards_per_file
+    };
+    let nfiles = shards.div_ceil(per_file).max(1);
+    let mut files = Vec::new();
+    let mut weight_map = serde_json::Map::new();
+    let mut total_size = 0u64;
+    for fi in 0..nfiles {
+        let name = if spec.single_file {
+            crate::checkpoint::SINGLE_FILE.to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", fi + 1, nfiles)
+        };
+        let mut ts = if fi == 0 {
+            std::mem::take(&mut common)
+        } else {
+            Vec::new()
+        };
+        for i in fi * per_file..((fi + 1) * per_file).min(shards) {
+            let first = i as u64 * per;
+            let (dtype, cols) = match f {
+                RowFormat::Nvfp4 => ("U8", cb as u64),
+                RowFormat::Fp8 => ("F8_E4M3", hd as u64),
+                RowFormat::Bf16 => ("BF16", hd as u64),
+            };
+            ts.push(TensorOut {
+                name: format!("{prefix}.shard_{i}.weight"),
+                dtype,
+                shape: vec![per, cols],
+                data: Data::Rows {
+                    first,
+                    rows: per,
+                    from: 0,
+                    to: cb,
+                },
+            });
+            if f == RowFormat::Nvfp4 {
+                ts.push(TensorOut {
+                    name: format!("{prefix}.shard_{i}.weight_scale"),
+                    dtype: "F8_E4M3",
+                    shape: vec![per, sb as u64],
+                    data: Data::Rows {
+                        first,
+                        rows: per,
+                        from: cb,
+                        to: cb + sb,
+                    },
+                });
+                if spec.scale2_layout != Scale2Layout::Prefix {
+                    ts.push(TensorOut {
+                        name: format!("{prefix}.shard_{i}.weight_scale_2"),
+                        dtype: "F32",
+                        shape: vec![],
+                        data: scalar(spec.global_scale),
+                    });
+                }
+            }
+        }
+        let path = dir.join(&name);
+        write_safetensors(&path, &ts, f, spec.seed, hd)?;
+        for t in &ts {
+            weight_map.insert(t.name.clone(), serde_json::Value::String(name.clone()));
+            total_size += t.len();
+        }
+        files.push(path);
+    }
+    if !spec.single_file {
+        let index = serde_json::json!({
+            "metadata": { "total_size": total_size },
+            "weight_map": weight_map,
+        });
+        let p = dir.join(crate::checkpoint::INDEX_FILE);
+        std::fs::write(
+            &p,
+            serde_json::to_string_pretty(&index).expect("index serialises"),
+        )
+        .map_err(|e| Error::io_path("writing", &p, e))?;
+    }
+    if spec.write_config {
+        let mut tc = serde_json::json!({
+            "model_type": "qwen4_exp_text",
+            "vocab_size": cfg.vocab_size,
+            "eos_token_id": cfg.eos_token_id,
+            "ngram_size": cfg.ngram_size,
+            "heads_per_ngram": cfg.heads_per_ngram,
+            "ple_embed_dim": cfg.ple_embed_dim,
+            "ngram_vocab_size_base": cfg.ngram_vocab_size_base,
+            "make_ngram_vocab_size_divisible_by": cfg.make_ngram_vocab_size_divisible_by,
+            "split_ngram_parts": cfg.split_ngram_parts,
+            "ple_layer_ids": [spec.layer + 1],
+        });
+        if cfg.seed != crate::model::SEED {
+            tc["seed"] = cfg.seed.into();
+        }
+        if cfg.ple_layer_index != 0 {
+            tc["ple_layer_index"] = cfg.ple_layer_index.into();
+        }
+        let config = serde_json::json!({
+            "architectures": ["Qwen4ExpForConditionalGeneration"],
+            "model_type": "qwen4_exp",
+            "text_config": tc,
+        });
+        let p = dir.join(crate::checkpoint::CONFIG_FILE);
+        std::fs::write(
+            &p,
+            serde_json::to_string_pretty(&config).expect("config serialises"),
+        )
+        .map_err(|e| Error::io_path("writing", &p, e))?;
+    }
+    Ok(CheckpointInfo {
+        files,
+        prefix,
+        rows_per_shard: per,
+        num_shards: shards,
+        total_rows: total,
+        table_bytes: total * f.row_bytes(hd) as u64,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -205,8 +205,16 @@ impl Table {
             ));
         }
         if !meta_path.exists() {
+            if let Some((rows, json)) = find_python_table(dir)? {
+                let meta = python_table_meta(dir, &rows, &json, opts)?;
+                let t = Table::open_with_meta(dir, meta)?;
+                if let Some(ck) = &opts.checkpoint_dir {
+                    t.check_source(ck)?;
+                }
+                return Ok(t);
+            }
             return Err(Error::Format(format!(
-                "{} holds no packed table: {META_FILE} is missing (pack a checkpoint with `ple pack`)",
+                "{} holds no packed table: {META_FILE} is missing and there is no <name>{PY_ROWS_SUFFIX} with <name>{PY_ROWS_SUFFIX}.json (pack a checkpoint with `ple pack`)",
                 dir.display()
             )));
         }
@@ -303,4 +311,327 @@ impl Table {
         let o = r as usize * rb;
         &self.map[o..o + rb]
     }
+}
+
+/// Suffix of a row file made by the Python tool (`<name>.packed_u8`, metadata in `<name>.packed_u8.json`).
+pub const PY_ROWS_SUFFIX: &str = ".packed_u8";
+
+/// Looks for a Python-tool table in `dir`: exactly one `<name>.packed_u8` with its `.json`.
+fn find_python_table(dir: &Path) -> Result<Option<(PathBuf, PathBuf)>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io_path("listing", dir, e))?;
+    let mut found = Vec::new();
+    let mut orphans = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(PY_ROWS_SUFFIX) && !name.starts_with('.') {
+            let json = dir.join(format!("{name}.json"));
+            if json.is_file() {
+                found.push((e.path(), json));
+            } else {
+                orphans.push(name);
+            }
+        }
+    }
+    found.sort();
+    match found.len() {
+        0 if !orphans.is_empty() => Err(Error::Format(format!(
+            "{}: {} has no metadata file {}.json (incomplete Python-tool table)",
+            dir.display(),
+            orphans[0],
+            orphans[0]
+        ))),
+        0 => Ok(None),
+        1 => Ok(found.pop()),
+        _ => Err(Error::Format(format!(
+            "{}: several Python-tool tables ({}); open a directory holding one",
+            dir.display(),
+            found
+                .iter()
+                .map(|(p, _)| p
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// The row format a Python-tool dtype/format string names.
+fn python_format_hint(s: &str) -> Option<RowFormat> {
+    match s.to_ascii_lowercase().as_str() {
+        "u8" | "uint8" | "nvfp4" => Some(RowFormat::Nvfp4),
+        "f8_e4m3" | "fp8" | "fp8_e4m3" | "float8_e4m3fn" | "e4m3" => Some(RowFormat::Fp8),
+        "bf16" | "bfloat16" => Some(RowFormat::Bf16),
+        _ => None,
+    }
+}
+
+/// Converts a Python-tool table's JSON (`rows_per_shard, num_shards, row_width, codes_width,
+/// scales_width, total_rows, snapshot`; optionally `shard_dtype`/`storage_dtype`/`dtype`/
+/// `row_format`/`kind` and `global_scale`) into [`TableMeta`].
+///
+/// The Python tool stores neither the hash parameters nor the global scale; they come from the
+/// checkpoint. The rule:
+/// 1. The checkpoint is `opts.checkpoint_dir`, else the directory of the config.json in use
+///    (`opts.config_json_path`, else `config.json` beside the table) when it holds safetensors
+///    (`model.safetensors.index.json` or `model.safetensors`).
+/// 2. With a checkpoint: its hash parameters (hash tensors and/or config.json, checked as when
+///    packing), its global scale and its fingerprint are used; the table's `snapshot` must equal
+///    the checkpoint's directory name and its shape (format, rows_per_shard, num_shards) must
+///    match, else the table is refused as packed from another checkpoint.
+/// 3. Without one: hash parameters derived from config.json (missing → Format error); the global
+///    scale from a `global_scale` number in the table's JSON (1.0 for bf16), else a Format error
+///    asking for the checkpoint. The source fingerprint is then empty (unknown).
+///
+/// A `global_scale` in the JSON and the checkpoint's must agree.
+fn python_table_meta(
+    dir: &Path,
+    rows: &Path,
+    json: &Path,
+    opts: &TableOpenOptions,
+) -> Result<TableMeta> {
+    let jd = json.display();
+    let text = std::fs::read_to_string(json).map_err(|e| Error::io_path("reading", json, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Format(format!("{jd}: invalid JSON: {e}")))?;
+    let int = |k: &str| -> Result<u64> {
+        v.get(k).and_then(|x| x.as_u64()).ok_or_else(|| {
+            Error::Format(format!(
+                "{jd}: field '{k}' is missing or not a non-negative integer"
+            ))
+        })
+    };
+    let rows_per_shard = int("rows_per_shard")?;
+    let num_shards = u32::try_from(int("num_shards")?)
+        .map_err(|_| Error::Format(format!("{jd}: num_shards too large")))?;
+    let row_width = int("row_width")?;
+    let codes_width = int("codes_width")?;
+    let scales_width = int("scales_width")?;
+    let total_rows = int("total_rows")?;
+    let snapshot = v
+        .get("snapshot")
+        .and_then(|x| x.as_str())
+        .ok_or_else(|| Error::Format(format!("{jd}: field 'snapshot' is missing or not a string")))?
+        .to_string();
+    if codes_width.checked_add(scales_width) != Some(row_width) || row_width > u32::MAX as u64 {
+        return Err(Error::Format(format!(
+            "{jd}: row_width {row_width} != codes_width {codes_width} + scales_width {scales_width}"
+        )));
+    }
+    let json_scale = match v.get("global_scale") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(x) => Some(
+            x.as_f64()
+                .ok_or_else(|| Error::Format(format!("{jd}: global_scale {x} is not a number")))?
+                as f32,
+        ),
+    };
+
+    // Where config.json and the checkpoint are.
+    let config_path = opts
+        .config_json_path
+        .clone()
+        .unwrap_or_else(|| dir.join(crate::checkpoint::CONFIG_FILE));
+    let ck_dir = opts.checkpoint_dir.clone().or_else(|| {
+        let d = config_path.parent()?;
+        (d.join(crate::checkpoint::INDEX_FILE).is_file()
+            || d.join(crate::checkpoint::SINGLE_FILE).is_file())
+        .then(|| d.to_path_buf())
+    });
+    let config = if config_path.is_file() {
+        Some(crate::checkpoint::read_config(&config_path)?)
+    } else if ck_dir.is_none() {
+        return Err(Error::Format(format!(
+            "{} is a Python-tool table ({}), which carries no hash parameters, and there is no config.json at {}: pass the checkpoint's config.json (config_json_path, `--config`)",
+            dir.display(),
+            rows.file_name().unwrap_or_default().to_string_lossy(),
+            config_path.display()
+        )));
+    } else {
+        None
+    };
+    let ck = match &ck_dir {
+        Some(d) => Some(crate::checkpoint::Checkpoint::open(d)?),
+        None => None,
+    };
+    let cfg = match (&config, &ck) {
+        (Some(c), _) => c.clone(),
+        (None, Some(k)) => k.config.clone().unwrap_or_default(),
+        (None, None) => unreachable!("checked above"),
+    };
+    let hd = cfg.head_dim();
+
+    // Row format: dtype/format hints, else the widths.
+    let mut hint: Option<(&str, RowFormat)> = None;
+    for k in [
+        "shard_dtype",
+        "storage_dtype",
+        "dtype",
+        "row_format",
+        "kind",
+    ] {
+        if let Some(s) = v.get(k).and_then(|x| x.as_str()) {
+            let f = python_format_hint(s).ok_or_else(|| {
+                Error::Format(format!("{jd}: {k} '{s}' is not a known PLE storage format"))
+            })?;
+            if let Some((k0, f0)) = hint
+                && f0 != f
+            {
+                return Err(Error::Format(format!(
+                    "{jd}: {k0} says {} but {k} '{s}' says {}",
+                    f0.name(),
+                    f.name()
+                )));
+            }
+            hint = Some((k, f));
+        }
+    }
+    let widths = |f: RowFormat| (f.code_bytes(hd) as u64, f.scale_bytes(hd) as u64);
+    let format = match hint {
+        Some((_, f)) => f,
+        None => [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16]
+            .into_iter()
+            .find(|&f| widths(f) == (codes_width, scales_width))
+            .ok_or_else(|| {
+                Error::Format(format!(
+                    "{jd}: codes_width {codes_width} + scales_width {scales_width} match no row format for head_dim {hd}"
+                ))
+            })?,
+    };
+    if widths(format) != (codes_width, scales_width) {
+        return Err(Error::Format(format!(
+            "{jd}: a {} row of head_dim {hd} has codes_width {} and scales_width {}, the table says {codes_width} and {scales_width}",
+            format.name(),
+            widths(format).0,
+            widths(format).1
+        )));
+    }
+
+    let (hash, global_scale, fingerprint) = match &ck {
+        Some(k) => {
+            if k.name != snapshot {
+                return Err(Error::Format(format!(
+                    "{} was packed from snapshot '{snapshot}', not from checkpoint {} ('{}')",
+                    rows.display(),
+                    k.dir.display(),
+                    k.name
+                )));
+            }
+            if k.format != format
+                || k.rows_per_shard != rows_per_shard
+                || k.num_shards != num_shards
+            {
+                return Err(Error::Format(format!(
+                    "{}: {num_shards} × {rows_per_shard} rows of {} do not match checkpoint {} ({} × {} rows of {})",
+                    rows.display(),
+                    format.name(),
+                    k.dir.display(),
+                    k.num_shards,
+                    k.rows_per_shard,
+                    k.format.name()
+                )));
+            }
+            if let Some(c) = &config
+                && HashParams::derive(c) != k.hash
+            {
+                return Err(Error::Format(format!(
+                    "{} derives other hash parameters than checkpoint {} holds",
+                    config_path.display(),
+                    k.dir.display()
+                )));
+            }
+            if let Some(s) = json_scale
+                && s != k.global_scale
+            {
+                return Err(Error::Format(format!(
+                    "{jd}: global_scale {s} differs from the checkpoint's {}",
+                    k.global_scale
+                )));
+            }
+            (k.hash.clone(), k.global_scale, k.fingerprint.clone())
+        }
+        None => {
+            let scale = match (json_scale, format) {
+                (Some(s), _) => s,
+                (None, RowFormat::Bf16) => 1.0,
+                (None, f) => {
+                    return Err(Error::Format(format!(
+                        "{}: a {} Python-tool table does not store its global scale: use the config.json inside the checkpoint directory (the scale is then read from the safetensors), pass checkpoint_dir, or add \"global_scale\": <value> to {jd}",
+                        dir.display(),
+                        f.name()
+                    )));
+                }
+            };
+            (HashParams::derive(&cfg), scale, String::new())
+        }
+    };
+    let meta = TableMeta {
+        format_version: FORMAT_VERSION,
+        row_format: format,
+        row_bytes: row_width as u32,
+        code_bytes: codes_width as u32,
+        scale_bytes: scales_width as u32,
+        total_rows,
+        rows_per_shard,
+        num_shards,
+        head_dim: hd as u32,
+        num_heads: cfg.num_heads() as u32,
+        ngram_size: hash.ngram_size,
+        heads_per_ngram: hash.heads_per_ngram,
+        global_scale,
+        hash,
+        source: SourceInfo {
+            name: snapshot,
+            fingerprint,
+        },
+        rows_file: rows
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned(),
+    };
+    meta.validate()
+        .map_err(|e| Error::Format(format!("{jd}: {e}")))?;
+    Ok(meta)
+}
+
+/// Copies `s` into a fixed C char array: truncated at a UTF-8 boundary, NUL-terminated.
+fn copy_c_string(dst: &mut [std::ffi::c_char], s: &str) {
+    let mut n = s.len().min(dst.len().saturating_sub(1));
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..n]) {
+        *d = if *b == 0 { b'?' } else { *b } as std::ffi::c_char;
+    }
+    for d in dst.iter_mut().skip(n) {
+        *d = 0;
+    }
+}
+
+/// The facts `ple_table_info` reports about a table (`device_wait_supported` is 0 here).
+pub fn table_info(t: &Table) -> crate::ffi::ple_table_info {
+    let m = t.meta();
+    let mut info = crate::ffi::ple_table_info {
+        struct_size: std::mem::size_of::<crate::ffi::ple_table_info>(),
+        format: m.row_format.code(),
+        row_bytes: m.row_bytes,
+        total_rows: m.total_rows,
+        addressed_rows: m.hash.addressed_rows(),
+        num_heads: m.num_heads,
+        head_dim: m.head_dim,
+        ngram_size: m.ngram_size,
+        vocab_size: m.hash.vocab_size,
+        eos_token_id: m.hash.eos_token_id,
+        global_scale: m.global_scale,
+        file_size: t.bytes().len() as u64,
+        device_wait_supported: 0,
+        source_name: [0; 256],
+        source_fingerprint: [0; 72],
+    };
+    copy_c_string(&mut info.source_name, &m.source.name);
+    copy_c_string(&mut info.source_fingerprint, &m.source.fingerprint);
+    info
 }

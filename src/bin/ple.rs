@@ -28,6 +28,9 @@ enum Cmd {
     /// Write a generated table (for tests and benchmarks).
     #[command(hide = true)]
     SynthTable(cli::SynthTableArgs),
+    /// Write a generated safetensors checkpoint (tests and benchmarks).
+    #[command(hide = true)]
+    SynthCheckpoint(cli::SynthCheckpointArgs),
 }
 
 fn main() {
@@ -39,6 +42,7 @@ fn main() {
         Cmd::Bench(a) => cli::bench(a),
         Cmd::Demo(a) => cli::demo(a),
         Cmd::SynthTable(a) => cli::synth_table(a),
+        Cmd::SynthCheckpoint(a) => cli::synth_checkpoint(a),
     };
     if let Err(e) = r {
         eprintln!("ple: {e}");
