@@ -137,15 +137,15 @@ pub fn synth_table(a: SynthTableArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn pack(a: PackArgs) -> Result<()> {
-    crate::logging::init();
-    let opts = crate::pack::PackOptions {
-        force: a.force,
-        buffer_bytes: a.buffer_bytes,
-        preallocate: !a.no_preallocate,
-    };
+/// Packs with an indicatif progress bar on stderr (bytes, rate, ETA), or `progress DONE TOTAL`
+/// lines when `lines` is set.
+pub fn pack_with_bar(
+    checkpoint: &std::path::Path,
+    out: &std::path::Path,
+    opts: &crate::pack::PackOptions,
+    lines: bool,
+) -> Result<crate::pack::PackReport> {
     let mut bar: Option<indicatif::ProgressBar> = None;
-    let lines = a.progress_lines;
     let mut cb = |done: u64, total: u64| -> bool {
         if lines {
             eprintln!("progress {done} {total}");
@@ -165,11 +165,21 @@ pub fn pack(a: PackArgs) -> Result<()> {
         b.set_position(done);
         true
     };
-    let r = crate::pack::pack(&a.checkpoint_dir, &a.out_dir, &opts, &mut cb);
+    let r = crate::pack::pack(checkpoint, out, opts, &mut cb);
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
-    let r = r?;
+    r
+}
+
+pub fn pack(a: PackArgs) -> Result<()> {
+    crate::logging::init();
+    let opts = crate::pack::PackOptions {
+        force: a.force,
+        buffer_bytes: a.buffer_bytes,
+        preallocate: !a.no_preallocate,
+    };
+    let r = pack_with_bar(&a.checkpoint_dir, &a.out_dir, &opts, a.progress_lines)?;
     let secs = r.elapsed.as_secs_f64();
     let mbps = if secs > 0.0 {
         r.bytes_written as f64 / secs / 1e6
@@ -295,6 +305,7 @@ pub fn bench(_a: BenchArgs) -> Result<()> {
     Err(Error::Unsupported("ple bench: not implemented yet".into()))
 }
 
-pub fn demo(_a: DemoArgs) -> Result<()> {
-    Err(Error::Unsupported("ple demo: not implemented yet".into()))
+pub fn demo(a: DemoArgs) -> Result<()> {
+    crate::logging::init();
+    crate::demo::run(&a.work_dir)
 }

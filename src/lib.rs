@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod context;
 pub mod cuda;
+pub mod demo;
 pub mod error;
 pub mod ffi;
 pub mod logging;
