@@ -8,6 +8,7 @@
 pub mod context;
 pub mod error;
 pub mod ffi;
+pub mod hash;
 pub mod logging;
 pub mod model;
 pub mod pack;
