@@ -152,8 +152,8 @@ impl Hasher {
         let p = &self.params;
         let hpn = p.heads_per_ngram as usize;
         let mut mix = (token as i64).wrapping_mul(p.multipliers[0] as i64);
-        for order in 0..self.ctx_len {
-            mix ^= (ctx[order] as i64).wrapping_mul(p.multipliers[order + 1] as i64);
+        for (order, &c) in ctx[..self.ctx_len].iter().enumerate() {
+            mix ^= (c as i64).wrapping_mul(p.multipliers[order + 1] as i64);
             for j in 0..hpn {
                 let h = order * hpn + j;
                 out[h] = (mix as u64 % p.head_sizes[h]) + p.offsets[h];
@@ -266,8 +266,8 @@ mod tests {
     fn spec_formula_by_hand() {
         let m: [i64; 3] = [23703573157769, 20109073645365, 8052911324071];
         let eos = EOS_TOKEN_ID as i64;
-        let b = 9707 * m[0] ^ eos * m[1];
-        let c = b ^ eos * m[2];
+        let b = (9707 * m[0]) ^ (eos * m[1]);
+        let c = b ^ (eos * m[2]);
         let mut off = 0;
         let mut want = [0u64; 16];
         for h in 0..16 {
