@@ -428,10 +428,20 @@ pub fn resolve_contexts(
             win[j] = if cut { eos } else { slots[k - 1 - j] };
             cut = win[j] == eos;
         }
-        for t in span {
-            out[t * k..(t + 1) * k].copy_from_slice(&win);
+        let dst = out[span.start * k..span.end * k].chunks_exact_mut(k);
+        if k == 2 {
+            // The shipped model, without the slice shuffling.
+            let (mut c1, mut c2) = (win[0], win[1]);
+            for (o, &cur) in dst.zip(&b.tokens[span]) {
+                o[0] = c1;
+                o[1] = c2;
+                (c1, c2) = if cur == eos { (eos, eos) } else { (cur, c1) };
+            }
+            continue;
+        }
+        for (o, &cur) in dst.zip(&b.tokens[span]) {
+            o.copy_from_slice(&win);
             // Shift in the current token; an EOS cuts everything older.
-            let cur = b.tokens[t];
             if cur == eos {
                 win.fill(eos);
             } else {

@@ -13,19 +13,25 @@
 //! overflows (checked by [`HashParams::validate`]), every mix is below 2^63 and unsigned
 //! arithmetic gives the same bits.
 //!
-//! The modulo is Lemire's "fastmod" ([`FastMod`]): a precomputed 128-bit reciprocal turns each
-//! 64-bit division into a few multiplications, exact for every 64-bit dividend and divisor.
+//! The modulo is [`FastMod`]: a precomputed reciprocal turns each 64-bit division into two
+//! multiplications and a conditional subtraction, exact for every 64-bit dividend and divisor.
 
 use crate::error::Result;
 use crate::model::HashParams;
 
-/// Exact `a % d` for any `u64` `a` by a fixed divisor `d >= 1`, without a division instruction
-/// (D. Lemire, O. Kaser, N. Kurz, "Faster Remainder by Direct Computation", 2019: with
-/// `c = ceil(2^128 / d)`, `a mod d = floor(((c·a) mod 2^128) · d / 2^128)`).
+/// Exact `a % d` for any `u64` `a` by a fixed divisor `d >= 1`, without a division instruction:
+/// a Barrett reduction with a precomputed 64-bit reciprocal `m = min(floor(2^64 / d), 2^64 - 1)`.
+///
+/// `q = floor(a·m / 2^64)` is `floor(a / d)` or one less: `a/d - a·m/2^64 = a·(2^64/d - m)/2^64`
+/// lies in `[0, 1)` because `0 <= 2^64/d - m < 1` (for `d = 1`, `2^64/d - m = 1` but `a < 2^64`)
+/// and `a < 2^64`. So `r = a - q·d` (no overflow: `q·d <= a`) is in `[0, 2d)` and one conditional
+/// subtraction finishes. One widening and one plain multiplication per remainder; measured faster
+/// than both the `%` instruction and Lemire's 128-bit-reciprocal "fastmod" (see `benches/hash.rs`).
+/// Proven equal to `%` over the whole `u64` range by the tests below.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FastMod {
-    /// `ceil(2^128 / d)` modulo 2^128 (0 for `d = 1`, which then yields 0 as it should).
-    m: u128,
+    /// `min(floor(2^64 / d), 2^64 - 1)`
+    m: u64,
     d: u64,
 }
 
@@ -33,8 +39,13 @@ impl FastMod {
     /// Precomputes the reciprocal of `d`. Panics if `d` is 0 (use [`FastMod::try_new`] to check).
     pub const fn new(d: u64) -> FastMod {
         assert!(d != 0, "FastMod divisor is 0");
+        let m = (1u128 << 64) / d as u128;
         FastMod {
-            m: (u128::MAX / d as u128).wrapping_add(1),
+            m: if m > u64::MAX as u128 {
+                u64::MAX
+            } else {
+                m as u64
+            },
             d,
         }
     }
@@ -53,12 +64,9 @@ impl FastMod {
     /// `a % d`.
     #[inline(always)]
     pub const fn rem(&self, a: u64) -> u64 {
-        let low = self.m.wrapping_mul(a as u128);
-        // high 64 bits of the 192-bit product low · d
-        let d = self.d as u128;
-        let bottom = ((low as u64) as u128 * d) >> 64;
-        let top = (low >> 64) * d;
-        ((bottom + top) >> 64) as u64
+        let q = ((a as u128 * self.m as u128) >> 64) as u64;
+        let r = a - q * self.d;
+        if r >= self.d { r - self.d } else { r }
     }
 }
 
