@@ -12,6 +12,7 @@ pub mod cuda;
 pub mod demo;
 pub mod error;
 pub mod ffi;
+pub mod hash;
 pub mod logging;
 pub mod model;
 pub mod pack;
