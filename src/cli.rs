@@ -297,8 +297,46 @@ pub fn synth_checkpoint(a: SynthCheckpointArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn lookup(_a: LookupArgs) -> Result<()> {
-    Err(Error::Unsupported("ple lookup: not implemented yet".into()))
+pub fn lookup(a: LookupArgs) -> Result<()> {
+    let t = crate::table::Table::open(&a.table_dir, &Default::default())?;
+    let ids = lookup_ids(t.hash_params(), &a.tokens)?;
+    if a.json {
+        println!("{}", serde_json::json!({ "ids": ids }));
+    } else {
+        for (p, (tok, row)) in a.tokens.iter().zip(&ids).enumerate() {
+            let row: Vec<String> = row.iter().map(|i| i.to_string()).collect();
+            println!("{p}\t{tok}\t{}", row.join(" "));
+        }
+    }
+    Ok(())
+}
+
+/// The 16 row ids of each token of one sequence starting at position 0.
+pub fn lookup_ids(params: &crate::model::HashParams, tokens: &[i32]) -> Result<Vec<Vec<i64>>> {
+    if tokens.is_empty() {
+        return Err(Error::InvalidArgument("no tokens".into()));
+    }
+    let hasher = crate::hash::Hasher::new(params)?;
+    let positions: Vec<i32> = (0..tokens.len() as i32).collect();
+    let b = crate::context::Batch {
+        tokens,
+        positions: &positions,
+        request_ids: &[0],
+        query_start: &[0, tokens.len() as u32],
+        context: None,
+    };
+    crate::context::validate_batch(&b, params.vocab_size, u32::MAX)?;
+    let tracker = crate::context::Tracker::new(params.ngram_size, params.eos_token_id, 2)?;
+    let ctx = crate::context::resolve_contexts(
+        &b,
+        Some(&tracker),
+        params.eos_token_id,
+        params.ngram_size,
+    )?;
+    let heads = hasher.num_heads();
+    let mut out = vec![0i64; tokens.len() * heads];
+    crate::context::compute_ids_i64(&hasher, &b, &ctx, &mut out);
+    Ok(out.chunks(heads).map(|c| c.to_vec()).collect())
 }
 
 pub fn bench(_a: BenchArgs) -> Result<()> {

@@ -28,14 +28,17 @@ fn check(status: ple_status, what: &str) -> Result<()> {
     if status == PLE_OK {
         return Ok(());
     }
-    let msg = unsafe { std::ffi::CStr::from_ptr(ple_last_error_message()) }.to_string_lossy().into_owned();
+    let msg = unsafe { std::ffi::CStr::from_ptr(ple_last_error_message()) }
+        .to_string_lossy()
+        .into_owned();
     Err(Error::State(format!("{what}: {}: {msg}", unsafe {
         std::ffi::CStr::from_ptr(ple_status_name(status)).to_string_lossy()
     })))
 }
 
 fn cstr(p: &Path) -> Result<CString> {
-    CString::new(p.to_string_lossy().as_bytes()).map_err(|_| Error::InvalidArgument(format!("path {} has a NUL", p.display())))
+    CString::new(p.to_string_lossy().as_bytes())
+        .map_err(|_| Error::InvalidArgument(format!("path {} has a NUL", p.display())))
 }
 
 /// A handle opened through the C API, closed on drop.
@@ -44,7 +47,10 @@ struct Handle(*mut ple_handle);
 impl Handle {
     fn open(dir: &Path, prefetch: i32, cuda_device: i32) -> Result<Handle> {
         let mut o = std::mem::MaybeUninit::<ple_options>::uninit();
-        check(unsafe { ple_options_default(o.as_mut_ptr()) }, "ple_options_default")?;
+        check(
+            unsafe { ple_options_default(o.as_mut_ptr()) },
+            "ple_options_default",
+        )?;
         let mut o = unsafe { o.assume_init() };
         o.max_tokens_per_step = 4096;
         o.prefetch_policy = prefetch;
@@ -55,7 +61,10 @@ impl Handle {
         Ok(Handle(h))
     }
     fn stats(&self) -> Result<ple_stats> {
-        let mut s = ple_stats { struct_size: std::mem::size_of::<ple_stats>(), ..Default::default() };
+        let mut s = ple_stats {
+            struct_size: std::mem::size_of::<ple_stats>(),
+            ..Default::default()
+        };
         check(unsafe { ple_stats(self.0, &mut s) }, "ple_stats")?;
         Ok(s)
     }
@@ -124,7 +133,13 @@ fn script(decode_steps: usize, rid_base: u64) -> Vec<Step> {
         prefill: true,
     });
     let mut prompts: Vec<Vec<i32>> = (2..=8).map(|r| crate::text::stream(64 + 200, r)).collect();
-    let mut s = Step { tokens: vec![], positions: vec![], request_ids: vec![], query_start: vec![0], prefill: true };
+    let mut s = Step {
+        tokens: vec![],
+        positions: vec![],
+        request_ids: vec![],
+        query_start: vec![0],
+        prefill: true,
+    };
     for (i, p) in prompts.iter().enumerate() {
         s.tokens.extend_from_slice(&p[..64]);
         s.positions.extend(0..64);
@@ -138,11 +153,17 @@ fn script(decode_steps: usize, rid_base: u64) -> Vec<Step> {
         *n = 64;
     }
     for d in 0..decode_steps {
-        let mut s = Step { tokens: vec![], positions: vec![], request_ids: vec![], query_start: vec![0], prefill: false };
+        let mut s = Step {
+            tokens: vec![],
+            positions: vec![],
+            request_ids: vec![],
+            query_start: vec![0],
+            prefill: false,
+        };
         for r in 1..=8usize {
             let len = if r == 5 { 4 } else { 1 };
             for k in 0..len {
-                let p = next[r] + k as i32;
+                let p = next[r] + k;
                 let tok = if r == 1 {
                     long[p as usize]
                 } else if r == 5 && k >= 2 {
@@ -182,8 +203,8 @@ fn reference_ids(p: &HashParams, seq: &[i32], pos: usize) -> Vec<u64> {
     }
     let mut ids = Vec::new();
     let mut mix = (seq[pos] as i64).wrapping_mul(p.multipliers[0] as i64);
-    for order in 0..n - 1 {
-        mix ^= (ctx[order] as i64).wrapping_mul(p.multipliers[order + 1] as i64);
+    for (order, &c) in ctx.iter().enumerate() {
+        mix ^= (c as i64).wrapping_mul(p.multipliers[order + 1] as i64);
         for j in 0..p.heads_per_ngram as usize {
             let h = order * p.heads_per_ngram as usize + j;
             ids.push((mix as u64) % p.head_sizes[h] + p.offsets[h]);
@@ -197,7 +218,11 @@ fn e4m3(b: u8) -> f32 {
     if e == 15 && m == 7 {
         return f32::NAN;
     }
-    let v = if e == 0 { m as f32 * 2f32.powi(-9) } else { (8 + m) as f32 * 2f32.powi(e as i32 - 10) };
+    let v = if e == 0 {
+        m as f32 * 2f32.powi(-9)
+    } else {
+        (8 + m) as f32 * 2f32.powi(e as i32 - 10)
+    };
     if s == 1 { -v } else { v }
 }
 
@@ -213,7 +238,9 @@ fn decode_row(format: RowFormat, global: f32, row: &[u8]) -> Vec<f32> {
                 (v * e4m3(row[80 + j / 16])) * global
             }
             RowFormat::Fp8 => e4m3(row[j]) * global,
-            RowFormat::Bf16 => f32::from_bits((u16::from_le_bytes([row[2 * j], row[2 * j + 1]]) as u32) << 16),
+            RowFormat::Bf16 => {
+                f32::from_bits((u16::from_le_bytes([row[2 * j], row[2 * j + 1]]) as u32) << 16)
+            }
         })
         .collect()
 }
@@ -266,10 +293,20 @@ struct Verify {
 }
 
 /// Runs the script once on `h`, verifying every `sample`-th token of each step.
-fn replay(h: &Handle, table: &crate::table::TableMeta, rows_file: &std::fs::File, steps: &[Step], name: &str, v: &mut Verify) -> Result<PassReport> {
+fn replay(
+    h: &Handle,
+    table: &crate::table::TableMeta,
+    rows_file: &std::fs::File,
+    steps: &[Step],
+    name: &str,
+    v: &mut Verify,
+) -> Result<PassReport> {
     let before = h.stats()?;
     let mut reqs = Requests::default();
-    let mut rep = PassReport { name: name.into(), ..Default::default() };
+    let mut rep = PassReport {
+        name: name.into(),
+        ..Default::default()
+    };
     let (mut pre, mut dec) = (vec![], vec![]);
     let rb = table.row_bytes as usize;
     let mut out = vec![0f32; 4096 * 2560];
@@ -277,19 +314,35 @@ fn replay(h: &Handle, table: &crate::table::TableMeta, rows_file: &std::fs::File
         let seq = i as u64 + 1;
         let b = s.batch();
         let mut lib_ids = vec![0i64; s.tokens.len() * 16];
-        check(unsafe { ple_ngram_ids(h.0, &b, lib_ids.as_mut_ptr()) }, "ple_ngram_ids")?;
+        check(
+            unsafe { ple_ngram_ids(h.0, &b, lib_ids.as_mut_ptr()) },
+            "ple_ngram_ids",
+        )?;
         let t0 = Instant::now();
         check(unsafe { ple_submit(h.0, &b, seq) }, "ple_submit")?;
         check(unsafe { ple_wait(h.0, seq, 0) }, "ple_wait")?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         rep.step_ms.push(ms);
-        if s.prefill { pre.push(ms) } else { dec.push(ms) }
+        if s.prefill {
+            pre.push(ms)
+        } else {
+            dec.push(ms)
+        }
         reqs.apply(s);
         let mut rows_ptr = std::ptr::null();
         let mut nt = 0u32;
-        check(unsafe { ple_packed_rows(h.0, seq, &mut rows_ptr, &mut nt) }, "ple_packed_rows")?;
-        let staged = unsafe { std::slice::from_raw_parts(rows_ptr, nt as usize * 16 * rb) }.to_vec();
-        check(unsafe { ple_dequant_cpu(h.0, seq, out.as_mut_ptr() as *mut _, PLE_DTYPE_F32, 2560, 0) }, "ple_dequant_cpu")?;
+        check(
+            unsafe { ple_packed_rows(h.0, seq, &mut rows_ptr, &mut nt) },
+            "ple_packed_rows",
+        )?;
+        let staged =
+            unsafe { std::slice::from_raw_parts(rows_ptr, nt as usize * 16 * rb) }.to_vec();
+        check(
+            unsafe {
+                ple_dequant_cpu(h.0, seq, out.as_mut_ptr() as *mut _, PLE_DTYPE_F32, 2560, 0)
+            },
+            "ple_dequant_cpu",
+        )?;
         // verify sampled tokens (all of a decode step's, every 17th of a prefill step's)
         for (ri, &rid) in s.request_ids.iter().enumerate() {
             for t in s.query_start[ri] as usize..s.query_start[ri + 1] as usize {
@@ -300,15 +353,23 @@ fn replay(h: &Handle, table: &crate::table::TableMeta, rows_file: &std::fs::File
                 v.tokens_checked += 1;
                 for (k, &id) in want.iter().enumerate() {
                     let mut row = vec![0u8; rb];
-                    rows_file.read_exact_at(&mut row, id * rb as u64).map_err(|e| Error::io("pread", e))?;
+                    rows_file
+                        .read_exact_at(&mut row, id * rb as u64)
+                        .map_err(|e| Error::io("pread", e))?;
                     v.rows_checked += 1;
-                    if lib_ids[t * 16 + k] != id as i64 || staged[(t * 16 + k) * rb..(t * 16 + k + 1) * rb] != row[..] {
+                    if lib_ids[t * 16 + k] != id as i64
+                        || staged[(t * 16 + k) * rb..(t * 16 + k + 1) * rb] != row[..]
+                    {
                         v.mismatches += 1;
                     }
                     let vals = decode_row(table.row_format, table.global_scale, &row);
                     let got = &out[t * 2560 + k * 160..t * 2560 + (k + 1) * 160];
                     v.values_checked += 160;
-                    if vals.iter().zip(got).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                    if vals
+                        .iter()
+                        .zip(got)
+                        .any(|(a, b)| a.to_bits() != b.to_bits())
+                    {
                         v.mismatches += 1;
                     }
                 }
@@ -317,9 +378,11 @@ fn replay(h: &Handle, table: &crate::table::TableMeta, rows_file: &std::fs::File
         rep.tokens += s.tokens.len() as u64;
     }
     let after = h.stats()?;
-    rep.rows = (after.prefill_rows + after.decode_rows) - (before.prefill_rows + before.decode_rows);
+    rep.rows =
+        (after.prefill_rows + after.decode_rows) - (before.prefill_rows + before.decode_rows);
     rep.unique_pages = after.unique_pages - before.unique_pages;
-    rep.storage_kib_per_token = (after.storage_read_bytes - before.storage_read_bytes) as f64 / 1024.0 / rep.tokens as f64;
+    rep.storage_kib_per_token =
+        (after.storage_read_bytes - before.storage_read_bytes) as f64 / 1024.0 / rep.tokens as f64;
     rep.hash_ms = (after.hash_ns - before.hash_ns) as f64 / 1e6;
     rep.prefetch_ms = (after.prefetch_ns - before.prefetch_ns) as f64 / 1e6;
     rep.gather_ms = (after.gather_ns - before.gather_ns) as f64 / 1e6;
@@ -349,26 +412,70 @@ fn cold_chunk_ms(table_dir: &Path, rows: &Path, policy: i32) -> Result<f64> {
 fn svg(cold: &PassReport, warm: &PassReport) -> String {
     let (w, h, pad) = (760.0, 360.0, 50.0);
     let n = cold.step_ms.len().max(2);
-    let max = cold.step_ms.iter().chain(&warm.step_ms).cloned().fold(0.001f64, f64::max);
-    let (lo, hi) = ((0.001f64).max(warm.step_ms.iter().chain(&cold.step_ms).cloned().fold(f64::MAX, f64::min)).log10().floor(), max.log10().ceil());
-    let y = |v: f64| pad + (h - 2.0 * pad) * (1.0 - (v.max(1e-3).log10() - lo) / (hi - lo).max(1e-9));
+    let max = cold
+        .step_ms
+        .iter()
+        .chain(&warm.step_ms)
+        .cloned()
+        .fold(0.001f64, f64::max);
+    let (lo, hi) = (
+        (0.001f64)
+            .max(
+                warm.step_ms
+                    .iter()
+                    .chain(&cold.step_ms)
+                    .cloned()
+                    .fold(f64::MAX, f64::min),
+            )
+            .log10()
+            .floor(),
+        max.log10().ceil(),
+    );
+    let y =
+        |v: f64| pad + (h - 2.0 * pad) * (1.0 - (v.max(1e-3).log10() - lo) / (hi - lo).max(1e-9));
     let x = |i: usize| pad + (w - 2.0 * pad) * i as f64 / (n - 1) as f64;
     let line = |v: &[f64], color: &str| {
-        let pts: Vec<String> = v.iter().enumerate().map(|(i, &m)| format!("{:.1},{:.1}", x(i), y(m))).collect();
-        format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>", pts.join(" "))
+        let pts: Vec<String> = v
+            .iter()
+            .enumerate()
+            .map(|(i, &m)| format!("{:.1},{:.1}", x(i), y(m)))
+            .collect();
+        format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>",
+            pts.join(" ")
+        )
     };
-    let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
-    s += &format!("<text x=\"{pad}\" y=\"20\" font-size=\"14\">libple demo: step latency, submit to rows ready (log scale)</text>\n");
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    s += &format!(
+        "<text x=\"{pad}\" y=\"20\" font-size=\"14\">libple demo: step latency, submit to rows ready (log scale)</text>\n"
+    );
     let mut e = lo;
     while e <= hi {
         let v = 10f64.powf(e);
-        s += &format!("<line x1=\"{pad}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"5\" y=\"{:.1}\">{} ms</text>\n", w - pad, y(v), y(v), y(v) + 4.0, v);
+        s += &format!(
+            "<line x1=\"{pad}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"5\" y=\"{:.1}\">{} ms</text>\n",
+            w - pad,
+            y(v),
+            y(v),
+            y(v) + 4.0,
+            v
+        );
         e += 1.0;
     }
-    s += &format!("<text x=\"{}\" y=\"{}\">engine step (1 = 2,048-token prefill, 2 = prompts, then decode)</text>\n", pad, h - 12.0);
+    s += &format!(
+        "<text x=\"{}\" y=\"{}\">engine step (1 = 2,048-token prefill, 2 = prompts, then decode)</text>\n",
+        pad,
+        h - 12.0
+    );
     s += &line(&cold.step_ms, "#d62728");
     s += &line(&warm.step_ms, "#1f77b4");
-    s += &format!("<text x=\"{}\" y=\"40\" fill=\"#d62728\">cold (pages evicted)</text><text x=\"{}\" y=\"56\" fill=\"#1f77b4\">warm (page cache)</text>\n</svg>\n", w - 230.0, w - 230.0);
+    s += &format!(
+        "<text x=\"{}\" y=\"40\" fill=\"#d62728\">cold (pages evicted)</text><text x=\"{}\" y=\"56\" fill=\"#1f77b4\">warm (page cache)</text>\n</svg>\n",
+        w - 230.0,
+        w - 230.0
+    );
     s
 }
 
@@ -384,7 +491,10 @@ fn ensure_checkpoint(dir: &Path) -> Result<()> {
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(|e| Error::io_path("removing", dir, e))?;
     }
-    println!("  generating a {} checkpoint (ngram_vocab_size_base {DEMO_BASE}, 128 row shards)...", spec.format.name());
+    println!(
+        "  generating a {} checkpoint (ngram_vocab_size_base {DEMO_BASE}, 128 row shards)...",
+        spec.format.name()
+    );
     crate::synth::write_checkpoint(dir, &spec)?;
     std::fs::write(&marker, want).map_err(|e| Error::io_path("writing", &marker, e))
 }
@@ -398,31 +508,67 @@ pub fn run(work: &Path) -> Result<()> {
     println!("libple demo: work directory {}", work.display());
     let t = Instant::now();
     ensure_checkpoint(&ck)?;
-    println!("  checkpoint  {} ({:.1} s)", ck.display(), t.elapsed().as_secs_f64());
+    println!(
+        "  checkpoint  {} ({:.1} s)",
+        ck.display(),
+        t.elapsed().as_secs_f64()
+    );
     let t = Instant::now();
-    let report = crate::cli::pack_with_bar(&ck, &table_dir, &crate::pack::PackOptions::default(), false)?;
-    println!("  table       {} ({}, {:.1} s)", table_dir.display(), if report.reused { "reused" } else { "packed" }, t.elapsed().as_secs_f64());
+    let report =
+        crate::cli::pack_with_bar(&ck, &table_dir, &crate::pack::PackOptions::default(), false)?;
+    println!(
+        "  table       {} ({}, {:.1} s)",
+        table_dir.display(),
+        if report.reused { "reused" } else { "packed" },
+        t.elapsed().as_secs_f64()
+    );
 
     let topen = crate::table::Table::open(&table_dir, &Default::default())?;
     let meta = topen.meta().clone();
     let rows_path: PathBuf = topen.rows_path().to_path_buf();
     drop(topen);
-    let rows_file = std::fs::File::open(&rows_path).map_err(|e| Error::io_path("opening", &rows_path, e))?;
+    let rows_file =
+        std::fs::File::open(&rows_path).map_err(|e| Error::io_path("opening", &rows_path, e))?;
     println!(
         "  {} rows x {} B ({}) = {:.2} GiB, {} heads x {} values, global scale {}",
-        meta.total_rows, meta.row_bytes, meta.row_format.name(), meta.file_bytes() as f64 / (1u64 << 30) as f64, meta.num_heads, meta.head_dim, meta.global_scale
+        meta.total_rows,
+        meta.row_bytes,
+        meta.row_format.name(),
+        meta.file_bytes() as f64 / (1u64 << 30) as f64,
+        meta.num_heads,
+        meta.head_dim,
+        meta.global_scale
     );
 
-    let mut v = Verify { tokens_checked: 0, rows_checked: 0, values_checked: 0, mismatches: 0 };
+    let mut v = Verify {
+        tokens_checked: 0,
+        rows_checked: 0,
+        values_checked: 0,
+        mismatches: 0,
+    };
     let decode_steps = 48;
     evict(&rows_path)?;
     let cold = {
         let h = Handle::open(&table_dir, PLE_PREFETCH_AUTO, -1)?;
-        replay(&h, &meta, &rows_file, &script(decode_steps, 0), "cold", &mut v)?
+        replay(
+            &h,
+            &meta,
+            &rows_file,
+            &script(decode_steps, 0),
+            "cold",
+            &mut v,
+        )?
     };
     let warm = {
         let h = Handle::open(&table_dir, PLE_PREFETCH_AUTO, -1)?;
-        replay(&h, &meta, &rows_file, &script(decode_steps, 0), "warm", &mut v)?
+        replay(
+            &h,
+            &meta,
+            &rows_file,
+            &script(decode_steps, 0),
+            "warm",
+            &mut v,
+        )?
     };
     let gpu = gpu_pass(&table_dir, &meta)?;
     let off = cold_chunk_ms(&table_dir, &rows_path, PLE_PREFETCH_NEVER)?;
@@ -431,15 +577,50 @@ pub fn run(work: &Path) -> Result<()> {
     println!();
     println!("  {:<34} {:>12} {:>12}", "", "cold", "warm");
     let row = |k: &str, a: String, b: String| println!("  {k:<34} {a:>12} {b:>12}");
-    row("tokens / rows", format!("{}/{}", cold.tokens, cold.rows), format!("{}/{}", warm.tokens, warm.rows));
-    row("rows per token", format!("{:.1}", cold.rows as f64 / cold.tokens as f64), format!("{:.1}", warm.rows as f64 / warm.tokens as f64));
-    row("unique pages per token", format!("{:.2}", cold.unique_pages as f64 / cold.tokens as f64), format!("{:.2}", warm.unique_pages as f64 / warm.tokens as f64));
-    row("storage KiB per token", format!("{:.2}", cold.storage_kib_per_token), format!("{:.2}", warm.storage_kib_per_token));
-    row("prefill step p50 / p99 (ms)", format!("{:.2}/{:.2}", cold.prefill_p50_ms, cold.prefill_p99_ms), format!("{:.2}/{:.2}", warm.prefill_p50_ms, warm.prefill_p99_ms));
-    row("decode step p50 / p99 (ms)", format!("{:.3}/{:.3}", cold.decode_p50_ms, cold.decode_p99_ms), format!("{:.3}/{:.3}", warm.decode_p50_ms, warm.decode_p99_ms));
-    row("time: hash / prefetch (ms)", format!("{:.2}/{:.2}", cold.hash_ms, cold.prefetch_ms), format!("{:.2}/{:.2}", warm.hash_ms, warm.prefetch_ms));
-    row("time: gather / copy (ms)", format!("{:.2}/{:.2}", cold.gather_ms, cold.copy_ms), format!("{:.2}/{:.2}", warm.gather_ms, warm.copy_ms));
-    println!("  cold 2,048-token chunk: prefetch off {off:.1} ms, on {on:.1} ms: speed-up {:.2}x", off / on.max(1e-9));
+    row(
+        "tokens / rows",
+        format!("{}/{}", cold.tokens, cold.rows),
+        format!("{}/{}", warm.tokens, warm.rows),
+    );
+    row(
+        "rows per token",
+        format!("{:.1}", cold.rows as f64 / cold.tokens as f64),
+        format!("{:.1}", warm.rows as f64 / warm.tokens as f64),
+    );
+    row(
+        "unique pages per token",
+        format!("{:.2}", cold.unique_pages as f64 / cold.tokens as f64),
+        format!("{:.2}", warm.unique_pages as f64 / warm.tokens as f64),
+    );
+    row(
+        "storage KiB per token",
+        format!("{:.2}", cold.storage_kib_per_token),
+        format!("{:.2}", warm.storage_kib_per_token),
+    );
+    row(
+        "prefill step p50 / p99 (ms)",
+        format!("{:.2}/{:.2}", cold.prefill_p50_ms, cold.prefill_p99_ms),
+        format!("{:.2}/{:.2}", warm.prefill_p50_ms, warm.prefill_p99_ms),
+    );
+    row(
+        "decode step p50 / p99 (ms)",
+        format!("{:.3}/{:.3}", cold.decode_p50_ms, cold.decode_p99_ms),
+        format!("{:.3}/{:.3}", warm.decode_p50_ms, warm.decode_p99_ms),
+    );
+    row(
+        "time: hash / prefetch (ms)",
+        format!("{:.2}/{:.2}", cold.hash_ms, cold.prefetch_ms),
+        format!("{:.2}/{:.2}", warm.hash_ms, warm.prefetch_ms),
+    );
+    row(
+        "time: gather / copy (ms)",
+        format!("{:.2}/{:.2}", cold.gather_ms, cold.copy_ms),
+        format!("{:.2}/{:.2}", warm.gather_ms, warm.copy_ms),
+    );
+    println!(
+        "  cold 2,048-token chunk: prefetch off {off:.1} ms, on {on:.1} ms: speed-up {:.2}x",
+        off / on.max(1e-9)
+    );
     match &gpu {
         Some(g) => println!("  GPU: {g}"),
         None => println!("  GPU: none found (cuda_device 0 unavailable): CPU dequant only"),
@@ -450,7 +631,11 @@ pub fn run(work: &Path) -> Result<()> {
         v.tokens_checked,
         v.rows_checked,
         v.values_checked,
-        if ok { "all match".to_string() } else { format!("{} MISMATCHES", v.mismatches) }
+        if ok {
+            "all match".to_string()
+        } else {
+            format!("{} MISMATCHES", v.mismatches)
+        }
     );
     let json = serde_json::json!({
         "table": {"rows": meta.total_rows, "row_bytes": meta.row_bytes, "format": meta.row_format.name(), "file_bytes": meta.file_bytes()},
@@ -460,12 +645,21 @@ pub fn run(work: &Path) -> Result<()> {
         "verification": {"tokens": v.tokens_checked, "rows": v.rows_checked, "values": v.values_checked, "mismatches": v.mismatches},
     });
     let jp = work.join("demo-report.json");
-    std::fs::write(&jp, serde_json::to_string_pretty(&json).unwrap()).map_err(|e| Error::io_path("writing", &jp, e))?;
+    std::fs::write(&jp, serde_json::to_string_pretty(&json).unwrap())
+        .map_err(|e| Error::io_path("writing", &jp, e))?;
     let sp = work.join("demo-latency.svg");
     std::fs::write(&sp, svg(&cold, &warm)).map_err(|e| Error::io_path("writing", &sp, e))?;
-    println!("  wrote {} and {} ({:.1} s in all)", jp.display(), sp.display(), t_all.elapsed().as_secs_f64());
+    println!(
+        "  wrote {} and {} ({:.1} s in all)",
+        jp.display(),
+        sp.display(),
+        t_all.elapsed().as_secs_f64()
+    );
     if !ok {
-        return Err(Error::State(format!("verification failed: {} mismatches", v.mismatches)));
+        return Err(Error::State(format!(
+            "verification failed: {} mismatches",
+            v.mismatches
+        )));
     }
     Ok(())
 }
@@ -475,6 +669,8 @@ pub fn run(work: &Path) -> Result<()> {
 fn gpu_pass(table_dir: &Path, _meta: &crate::table::TableMeta) -> Result<Option<String>> {
     match Handle::open(table_dir, PLE_PREFETCH_AUTO, 0) {
         Err(_) => Ok(None),
-        Ok(_h) => Ok(Some("device opened; see ffi-tests/gpu/run.sh for the GPU checks".into())),
+        Ok(_h) => Ok(Some(
+            "device opened; see ffi-tests/gpu/run.sh for the GPU checks".into(),
+        )),
     }
 }
