@@ -1,6 +1,7 @@
 /* The step loop through the C API on a small generated NVFP4 table: a prefill chunk and decode
  * steps for several requests, each checked against rows read straight from the file and decoded
  * by a plain scalar rule; the staging layout is [tokens][16][row_bytes]; sequence numbers. */
+#define _POSIX_C_SOURCE 200809L
 #include "check.h"
 #include "table_util.h"
 
