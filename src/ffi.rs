@@ -656,8 +656,11 @@ pub unsafe extern "C" fn ple_dequant_cpu(
     ffi_guard!({
         let h = unsafe { handle_ref(handle)? };
         nonnull(out, "out")?;
-        h.inner
-            .dequant_cpu(seq, out as *mut u8, out_dtype, out_stride, flags)
+        // SAFETY: the caller guarantees `out` holds the step's output (see above).
+        unsafe {
+            h.inner
+                .dequant_cpu(seq, out as *mut u8, out_dtype, out_stride, flags)
+        }
     })
 }
 

@@ -5,15 +5,21 @@
 //! request [`context`], [`prefetch`], [`gather`], the step [`pipeline`], [`cuda`], [`dequant`],
 //! [`stats`], and the C boundary [`ffi`].
 
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod context;
+pub mod dequant;
 pub mod error;
 pub mod ffi;
+pub mod gather;
 pub mod logging;
 pub mod model;
 pub mod pack;
 pub mod pipeline;
+mod pipeline_hash_seam;
+pub mod prefetch;
+pub mod stats;
 pub mod synth;
 pub mod table;
 
