@@ -687,7 +687,8 @@ pub unsafe extern "C" fn ple_dequant_cpu(
     ffi_guard!({
         let h = handle_ref(handle)?;
         nonnull(out, "out")?;
-        h.dequant_cpu(seq, out as *mut u8, out_dtype, out_stride, flags)
+        // SAFETY: the caller guarantees `out` holds the step's output (see above).
+        unsafe { h.dequant_cpu(seq, out as *mut u8, out_dtype, out_stride, flags) }
     })
 }
 

@@ -1,9 +1,28 @@
 //! The step pipeline: submit → (worker) hash, prefetch, gather, copy → done = seq → wait (SPEC §7–§8).
 
+use crate::context::Batch;
+use crate::dequant::{self, Dtype};
 use crate::error::{Error, Result};
 use crate::ffi::{self, ple_options, ple_stats, ple_table_info};
+use crate::gather;
+use crate::prefetch::{self, PageSet, PageSetBuilder};
+use crate::stats::{self, Stats, StepRecord};
+use crate::table::Table;
+use rayon::prelude::*;
+use std::cell::UnsafeCell;
+use std::collections::VecDeque;
 use std::ffi::{CStr, c_void};
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+// HASH SEAM: the one line the integrator changes when hash.rs / context.rs land, to
+// `use crate::{context::{Tracker, resolve_contexts, validate_batch}, hash::Hasher};`
+use crate::context::{Tracker, resolve_contexts, validate_batch};
+use crate::hash::Hasher;
 
 /// Open options (the safe twin of `ple_options`).
 #[derive(Clone, Debug)]
@@ -147,55 +166,876 @@ impl OpenOptions {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The pipeline
+// ---------------------------------------------------------------------------------------------
+
+/// How long a waiter spins on `done` before parking on the condition variable.
+const WAIT_SPIN: Duration = Duration::from_micros(50);
+/// How long the worker spins for the next job before blocking (back-to-back decode steps).
+const WORKER_SPIN: Duration = Duration::from_micros(50);
+/// Steps with at least this many tokens are hashed in parallel on the pool.
+const PARALLEL_HASH_MIN_TOKENS: usize = 256;
+/// Failed steps remembered for their waiters (oldest forgotten first).
+const MAX_FAILED_RECORDS: usize = 64;
+
+/// One step handed to the worker (owns copies of the caller's arrays).
+struct Job {
+    seq: u64,
+    slot: usize,
+    tokens: Vec<i32>,
+    /// `tokens.len() × (ngram_size - 1)` context ids, ctx1 first.
+    ctx: Vec<i32>,
+    prefill: bool,
+    submitted: Instant,
+}
+
+/// State of one ring slot. A slot goes Free → Pending (submit) → Ready (worker published) →
+/// [Consuming (dequant running)] → Free (consumed). A failed step goes Pending → Free at once and
+/// its error is kept in `Ring::failed`. Only a Free slot is ever given to a new step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    Pending { seq: u64 },
+    Ready { seq: u64, tokens: u32 },
+    Consuming { seq: u64, tokens: u32 },
+}
+
+impl SlotState {
+    fn seq(self) -> Option<u64> {
+        match self {
+            SlotState::Free => None,
+            SlotState::Pending { seq }
+            | SlotState::Ready { seq, .. }
+            | SlotState::Consuming { seq, .. } => Some(seq),
+        }
+    }
+}
+
+struct Ring {
+    slots: Vec<SlotState>,
+    /// Steps that failed and were not yet released: (seq, error).
+    failed: VecDeque<(u64, Error)>,
+    /// Highest seq submitted (0: none).
+    last_seq: u64,
+    /// Slot the next step goes into.
+    next_slot: usize,
+}
+
+/// What is known about a seq.
+enum StepStatus {
+    Pending,
+    Ready { slot: usize, tokens: u32 },
+    Consuming,
+    Failed(Error),
+}
+
+impl Ring {
+    fn status(&self, seq: u64) -> Result<StepStatus> {
+        if seq == 0 || seq > self.last_seq {
+            return Err(Error::State(format!(
+                "step {seq} was never submitted (last submitted seq is {})",
+                self.last_seq
+            )));
+        }
+        if let Some((_, e)) = self.failed.iter().find(|(s, _)| *s == seq) {
+            return Ok(StepStatus::Failed(clone_error(e)));
+        }
+        for (i, st) in self.slots.iter().enumerate() {
+            match *st {
+                SlotState::Pending { seq: s } if s == seq => return Ok(StepStatus::Pending),
+                SlotState::Ready { seq: s, tokens } if s == seq => {
+                    return Ok(StepStatus::Ready { slot: i, tokens });
+                }
+                SlotState::Consuming { seq: s, .. } if s == seq => {
+                    return Ok(StepStatus::Consuming);
+                }
+                _ => {}
+            }
+        }
+        Err(Error::State(format!(
+            "step {seq} is not in the ring: it was already consumed (ple_dequant_* or \
+             ple_release_step), or never submitted"
+        )))
+    }
+}
+
+/// A copy of an error (errors are reported to every waiter of a failed step).
+fn clone_error(e: &Error) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+        Error::Io { context, source } => Error::Io {
+            context: context.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+        Error::Format(m) => Error::Format(m.clone()),
+        Error::Timeout(m) => Error::Timeout(m.clone()),
+        Error::State(m) => Error::State(m.clone()),
+        Error::CudaUnavailable(m) => Error::CudaUnavailable(m.clone()),
+        Error::Cuda(m) => Error::Cuda(m.clone()),
+        Error::Unsupported(m) => Error::Unsupported(m.clone()),
+        Error::Panic(m) => Error::Panic(m.clone()),
+        Error::OutOfMemory(m) => Error::OutOfMemory(m.clone()),
+    }
+}
+
+/// A slot's staging buffer `[max_tokens][16][row_bytes]`.
+///
+/// Access protocol (why the `UnsafeCell` is sound): the worker writes a slot's buffer only while
+/// the slot is `Pending` with the worker's job; everyone else reads it only while it is `Ready` or
+/// `Consuming`. Transitions happen under the ring mutex, and `done` is published with Release
+/// after the writes, so readers see complete rows. A slot is never made `Pending` again before it
+/// was consumed (set `Free`).
+struct Staging(UnsafeCell<Vec<u8>>);
+// SAFETY: see the access protocol above.
+unsafe impl Sync for Staging {}
+
+/// Hooks that make a step fail, panic or stall (tests only).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct TestHooks {
+    pub fail_seq: AtomicU64,
+    pub panic_seq: AtomicU64,
+    pub delay_us: AtomicU64,
+}
+
+struct Shared {
+    table: Table,
+    hasher: Hasher,
+    opts: OpenOptions,
+    /// Taken out only by `Drop` (to join its threads).
+    pool: Option<rayon::ThreadPool>,
+    staging: Vec<Staging>,
+    ring: Mutex<Ring>,
+    /// Signalled when a step is published or a slot freed (only while `waiters > 0`).
+    cv: Condvar,
+    waiters: AtomicUsize,
+    /// Highest seq published (steps complete in submission order).
+    done: AtomicU64,
+    stats: Stats,
+    closing: AtomicBool,
+    #[cfg(test)]
+    hooks: TestHooks,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn pool(&self) -> &rayon::ThreadPool {
+        self.pool
+            .as_ref()
+            .expect("the pool lives until the handle is dropped")
+    }
+
+    fn notify(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Parks on the condition variable until `ready(ring)` or the deadline (None: forever).
+    /// Returns the guard and whether `ready` holds.
+    fn park<'a>(
+        &'a self,
+        mut ring: MutexGuard<'a, Ring>,
+        deadline: Option<Instant>,
+        ready: impl Fn(&Ring) -> bool,
+    ) -> (MutexGuard<'a, Ring>, bool) {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let ok = loop {
+            if ready(&ring) {
+                break true;
+            }
+            match deadline {
+                None => ring = self.cv.wait(ring).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        break false;
+                    }
+                    ring = self
+                        .cv
+                        .wait_timeout(ring, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        };
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        (ring, ok)
+    }
+
+    /// Publishes a finished step: its slot becomes Ready (or Free with the error recorded), then
+    /// `done = seq` (Release), then waiters are woken.
+    fn publish(&self, job: &Job, result: Result<StepRecord>) {
+        let mut ring = lock(&self.ring);
+        match result {
+            Ok(mut rec) => {
+                rec.step_ns = stats::ns(job.submitted.elapsed());
+                self.stats.record_step(&rec);
+                ring.slots[job.slot] = SlotState::Ready {
+                    seq: job.seq,
+                    tokens: job.tokens.len() as u32,
+                };
+            }
+            Err(e) => {
+                if self.closing.load(Ordering::Relaxed) {
+                    log::debug!("step {} abandoned: {e}", job.seq);
+                } else {
+                    log::warn!("step {} failed: {e}", job.seq);
+                }
+                self.stats.failed_steps.fetch_add(1, Ordering::Relaxed);
+                ring.slots[job.slot] = SlotState::Free;
+                ring.failed.push_back((job.seq, e));
+                while ring.failed.len() > MAX_FAILED_RECORDS {
+                    ring.failed.pop_front();
+                }
+            }
+        }
+        self.done.store(job.seq, Ordering::Release);
+        drop(ring);
+        self.notify();
+    }
+
+    /// Frees a consumed slot.
+    fn free_slot(&self, slot: usize) {
+        lock(&self.ring).slots[slot] = SlotState::Free;
+        self.notify();
+    }
+
+    /// The staging bytes of `slot`.
+    ///
+    /// # Safety
+    /// Only while the slot is Ready/Consuming (readers) — see [`Staging`].
+    unsafe fn staging(&self, slot: usize) -> &[u8] {
+        unsafe { &*self.staging[slot].0.get() }
+    }
+
+    /// Hashes, prefetches and gathers one step into its slot (the worker's part of a step).
+    fn run_step(&self, job: &Job, w: &mut WorkerScratch) -> Result<StepRecord> {
+        #[cfg(test)]
+        {
+            let d = self.hooks.delay_us.load(Ordering::Relaxed);
+            if d > 0 {
+                std::thread::sleep(Duration::from_micros(d));
+            }
+            if self.hooks.fail_seq.load(Ordering::Relaxed) == job.seq {
+                return Err(Error::io(
+                    format!("injected failure of step {}", job.seq),
+                    std::io::Error::other("test hook"),
+                ));
+            }
+            if self.hooks.panic_seq.load(Ordering::Relaxed) == job.seq {
+                panic!("injected panic in step {}", job.seq);
+            }
+        }
+        let n = job.tokens.len();
+        let heads = self.table.meta().num_heads as usize;
+        let k = self.table.meta().ngram_size as usize - 1;
+        let rb = self.table.row_bytes();
+        let mut rec = StepRecord {
+            prefill: job.prefill,
+            tokens: n as u64,
+            rows: (n * heads) as u64,
+            ..Default::default()
+        };
+
+        // hash
+        let t0 = Instant::now();
+        w.ids.clear();
+        w.ids.resize(n * heads, 0);
+        let hash_chunk = |(ids, (toks, ctx)): (&mut [u64], (&[i32], &[i32]))| {
+            for ((o, &t), c) in ids
+                .chunks_exact_mut(heads)
+                .zip(toks)
+                .zip(ctx.chunks_exact(k))
+            {
+                self.hasher.ids(t, c, o);
+            }
+        };
+        if n >= PARALLEL_HASH_MIN_TOKENS && self.pool().current_num_threads() > 1 {
+            const CH: usize = 64;
+            self.pool().install(|| {
+                w.ids
+                    .par_chunks_mut(CH * heads)
+                    .zip(job.tokens.par_chunks(CH).zip(job.ctx.par_chunks(CH * k)))
+                    .for_each(hash_chunk)
+            });
+        } else {
+            hash_chunk((&mut w.ids[..], (&job.tokens[..], &job.ctx[..])));
+        }
+        gather::check_ids(&w.ids, self.table.meta().total_rows)?;
+        let t1 = Instant::now();
+        rec.hash_ns = stats::ns(t1 - t0);
+        self.check_closing()?;
+
+        // page set, prefetch decision, gather (overlapped with the prefetch when it pays)
+        w.pages_builder.build(&w.ids, rb, &mut w.pages);
+        rec.unique_pages = w.pages.len() as u64;
+        let prefetch = match self.opts.prefetch_policy {
+            ffi::PLE_PREFETCH_ALWAYS => true,
+            ffi::PLE_PREFETCH_NEVER => false,
+            // AUTO: big steps, unless a residency sample finds their pages cached
+            _ => {
+                w.ids.len() >= self.opts.prefetch_min_rows as usize
+                    && !prefetch::sample_resident(self.table.bytes(), &w.pages)
+            }
+        };
+        let t2 = Instant::now();
+        rec.prefetch_ns = stats::ns(t2 - t1);
+        self.check_closing()?;
+        // SAFETY: the slot is Pending with this job: only the worker touches its buffer.
+        let staging = unsafe { &mut *self.staging[job.slot].0.get() };
+        let issue = |ranges: &[prefetch::PageRange]| {
+            let (r, io) = stats::measure(true, || {
+                prefetch::prefetch(
+                    self.table.file(),
+                    self.table.bytes(),
+                    ranges,
+                    prefetch::Advise::Fadvise,
+                )
+            });
+            r.map(|n| (n, io))
+        };
+        let pool = self.pool();
+        if prefetch {
+            rec.prefetched = true;
+            if w.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 {
+                let r = gather::gather_overlapped(
+                    self.table.bytes(),
+                    rb,
+                    &w.ids,
+                    staging,
+                    pool,
+                    &w.pages,
+                    issue,
+                )?;
+                rec.pages_prefetched = r.pages_issued;
+                rec.io.add(r.issue_io);
+                rec.io.add(r.gather_io);
+                rec.prefetch_ns += stats::ns(r.issue_time);
+                rec.gather_ns = stats::ns(t2.elapsed().saturating_sub(r.issue_time));
+            } else {
+                let (n, io) = issue(&w.pages.ranges)?;
+                rec.pages_prefetched = n;
+                rec.io.add(io);
+                let t3 = Instant::now();
+                rec.prefetch_ns += stats::ns(t3 - t2);
+                rec.io.add(gather::gather(
+                    self.table.bytes(),
+                    rb,
+                    &w.ids,
+                    staging,
+                    Some(pool),
+                )?);
+                rec.gather_ns = stats::ns(t3.elapsed());
+            }
+        } else {
+            rec.io.add(gather::gather(
+                self.table.bytes(),
+                rb,
+                &w.ids,
+                staging,
+                Some(pool),
+            )?);
+            rec.gather_ns = stats::ns(t2.elapsed());
+        }
+        // (CUDA handles: the host→device copy of the rows goes here, timed as copy_ns, and
+        // completes before the step is published.)
+        Ok(rec)
+    }
+
+    fn check_closing(&self) -> Result<()> {
+        if self.closing.load(Ordering::Relaxed) {
+            Err(Error::State(
+                "the handle was closed while the step ran".into(),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Buffers the worker keeps between steps.
+#[derive(Default)]
+struct WorkerScratch {
+    ids: Vec<u64>,
+    pages_builder: PageSetBuilder,
+    pages: PageSet,
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic payload".to_string()
+    }
+}
+
+/// Receives the next job, spinning briefly first (back-to-back steps skip the futex wake-up).
+fn recv_spin(rx: &mpsc::Receiver<Job>) -> Option<Job> {
+    let start = Instant::now();
+    let mut i = 0u32;
+    loop {
+        match rx.try_recv() {
+            Ok(j) => return Some(j),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) => {}
+        }
+        i += 1;
+        if i % 32 == 0 && start.elapsed() > WORKER_SPIN {
+            return rx.recv().ok();
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Job>) {
+    stats::thread_read_bytes_delta();
+    let mut w = WorkerScratch::default();
+    while let Some(job) = recv_spin(&rx) {
+        let r = if sh.closing.load(Ordering::Relaxed) {
+            Err(Error::State(
+                "the handle was closed before the step ran".into(),
+            ))
+        } else {
+            std::panic::catch_unwind(AssertUnwindSafe(|| sh.run_step(&job, &mut w))).unwrap_or_else(
+                |p| {
+                    Err(Error::Panic(format!(
+                        "step {}: {}",
+                        job.seq,
+                        panic_text(&*p)
+                    )))
+                },
+            )
+        };
+        sh.publish(&job, r);
+    }
+    stats::close_thread_io();
+}
+
+struct SubmitState {
+    tx: Option<mpsc::Sender<Job>>,
+}
+
 /// An open table with its step pipeline (what a `ple_handle` holds).
+///
+/// Threads: a worker thread (hash → prefetch → gather → publish, one step at a time, in submission
+/// order) and a private rayon pool of `num_threads` for the parallel parts (and `dequant_cpu`).
+/// `submit` is serialised internally; `wait`, `stats`, `ngram_ids`, `table_info` can be called
+/// from any thread. Every submitted step occupies a ring slot until it is consumed by
+/// `dequant_cpu`/`dequant_fuse`/`release_step` (a failed step frees its slot at once and keeps
+/// only its error, until released).
 pub struct Pipeline {
-    #[allow(dead_code)]
-    table: crate::table::Table,
+    sh: Arc<Shared>,
+    submit_state: Mutex<SubmitState>,
+    tracker: Mutex<Tracker>,
+    worker: Option<JoinHandle<()>>,
+    pool_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Pipeline {
+    /// Opens the table in `dir` and starts the worker and the pool.
     pub fn open(dir: &Path, opts: OpenOptions) -> Result<Pipeline> {
+        opts.validate()?;
         let topts = crate::table::TableOpenOptions {
             config_json_path: opts.config_json_path.clone(),
             checkpoint_dir: opts.checkpoint_dir.clone(),
         };
-        let table = crate::table::Table::open(dir, &topts)?;
-        Ok(Pipeline { table })
+        let table = Table::open(dir, &topts)?;
+        let hasher = Hasher::new(table.hash_params())?;
+        if table.meta().num_heads as usize != crate::model::NUM_HEADS {
+            return Err(Error::Unsupported(format!(
+                "tables with {} heads",
+                table.meta().num_heads
+            )));
+        }
+        let threads = match opts.num_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
+        };
+        let pool_threads: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let handles = pool_threads.clone();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("ple-pool-{i}"))
+            .start_handler(|_| {
+                stats::thread_read_bytes_delta();
+            })
+            .exit_handler(|_| stats::close_thread_io())
+            .spawn_handler(move |t| {
+                let mut b = std::thread::Builder::new();
+                if let Some(name) = t.name() {
+                    b = b.name(name.to_owned());
+                }
+                if let Some(size) = t.stack_size() {
+                    b = b.stack_size(size);
+                }
+                lock(&handles).push(b.spawn(|| t.run())?);
+                Ok(())
+            })
+            .build()
+            .map_err(|e| Error::io("starting the gather pool", std::io::Error::other(e)))?;
+        let slot_bytes =
+            opts.max_tokens_per_step as usize * crate::model::NUM_HEADS * table.row_bytes();
+        let mut staging = Vec::with_capacity(opts.max_in_flight as usize);
+        for _ in 0..opts.max_in_flight {
+            let mut v = Vec::new();
+            v.try_reserve_exact(slot_bytes)
+                .map_err(|_| Error::OutOfMemory(format!("staging slot of {slot_bytes} bytes")))?;
+            v.resize(slot_bytes, 0u8);
+            // touch every page now so steps do not take first-touch faults
+            for i in (0..slot_bytes).step_by(4096) {
+                // SAFETY: in bounds; volatile so the store is not elided.
+                unsafe { std::ptr::write_volatile(v.as_mut_ptr().add(i), 0) };
+            }
+            staging.push(Staging(UnsafeCell::new(v)));
+        }
+        let n = opts.max_in_flight as usize;
+        let tracker = {
+            let m = table.meta();
+            Tracker::new(m.ngram_size, m.hash.eos_token_id, opts.history_window)?
+        };
+        let sh = Arc::new(Shared {
+            table,
+            hasher,
+            pool: Some(pool),
+            staging,
+            ring: Mutex::new(Ring {
+                slots: vec![SlotState::Free; n],
+                failed: VecDeque::new(),
+                last_seq: 0,
+                next_slot: 0,
+            }),
+            cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+            done: AtomicU64::new(0),
+            stats: Stats::default(),
+            closing: AtomicBool::new(false),
+            opts,
+            #[cfg(test)]
+            hooks: TestHooks::default(),
+        });
+        let (tx, rx) = mpsc::channel();
+        let wsh = sh.clone();
+        let worker = std::thread::Builder::new()
+            .name("ple-worker".into())
+            .spawn(move || worker_main(wsh, rx))
+            .map_err(|e| Error::io("starting the worker thread", e))?;
+        Ok(Pipeline {
+            sh,
+            submit_state: Mutex::new(SubmitState { tx: Some(tx) }),
+            tracker: Mutex::new(tracker),
+            worker: Some(worker),
+            pool_threads,
+        })
+    }
+
+    /// The open table.
+    pub fn table(&self) -> &Table {
+        &self.sh.table
+    }
+    /// The options the handle was opened with.
+    pub fn options(&self) -> &OpenOptions {
+        &self.sh.opts
+    }
+    /// The handle's gather pool.
+    pub fn pool(&self) -> &rayon::ThreadPool {
+        self.sh.pool()
     }
     pub fn ngram_size(&self) -> u32 {
-        3
+        self.sh.table.meta().ngram_size
     }
     pub fn num_heads(&self) -> usize {
-        16
+        self.sh.table.meta().num_heads as usize
     }
+    /// Highest seq whose step is complete.
+    pub fn done(&self) -> u64 {
+        self.sh.done.load(Ordering::Acquire)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn hooks(&self) -> &TestHooks {
+        &self.sh.hooks
+    }
+
+    /// Facts about the table (`ple_table_info`).
     pub fn table_info(&self) -> ple_table_info {
-        crate::table::table_info(&self.table)
+        crate::table::table_info(&self.sh.table)
     }
+
+    /// Cumulative counters, with page-cache residency of the table and MemAvailable measured now.
     pub fn stats(&self) -> ple_stats {
-        unimplemented!()
+        let mut s = self.sh.stats.snapshot();
+        let (resident, total) = stats::residency(self.sh.table.bytes());
+        s.resident_pages = resident;
+        s.table_pages = total;
+        s.mem_available_bytes = stats::mem_available_bytes();
+        s
     }
-    pub fn submit(&self, _b: &crate::context::Batch, _seq: u64) -> Result<()> {
-        Err(Error::Unsupported("not implemented yet".into()))
+
+    /// Submits one step (see `ple_submit`): validates, resolves context and updates the tracked
+    /// history on the calling thread, takes the next ring slot (waiting or failing per
+    /// `ring_full_policy` while it holds an unconsumed step) and hands the step to the worker.
+    pub fn submit(&self, b: &Batch, seq: u64) -> Result<()> {
+        let sub = lock(&self.submit_state);
+        let sh = &*self.sh;
+        {
+            let ring = lock(&sh.ring);
+            if seq == 0 || seq <= ring.last_seq {
+                return Err(Error::State(format!(
+                    "seq {seq} must be greater than the last submitted seq {} (and not 0)",
+                    ring.last_seq
+                )));
+            }
+        }
+        let meta = sh.table.meta();
+        validate_batch(b, meta.hash.vocab_size, sh.opts.max_tokens_per_step)?;
+        if let Some(c) = b.context {
+            let want = b.request_ids.len() * (meta.ngram_size as usize - 1);
+            if c.len() != want {
+                return crate::invalid!(
+                    "batch.context has {} entries, expected num_requests × (ngram_size - 1) = {want}",
+                    c.len()
+                );
+            }
+        }
+        let ctx = {
+            let t = lock(&self.tracker);
+            resolve_contexts(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
+        };
+        let prefill = b
+            .query_start
+            .windows(2)
+            .any(|w| (w[1] - w[0]) as usize > stats::DECODE_MAX_SPAN);
+
+        // take a free slot (the next one in ring order if free; a failed step frees its slot early)
+        let mut ring = lock(&sh.ring);
+        let free = |r: &Ring| {
+            (0..r.slots.len())
+                .map(|i| (r.next_slot + i) % r.slots.len())
+                .find(|&i| r.slots[i] == SlotState::Free)
+        };
+        if free(&ring).is_none() {
+            let oldest = ring.slots.iter().filter_map(|s| s.seq()).min().unwrap_or(0);
+            if sh.opts.ring_full_policy == ffi::PLE_RING_ERROR {
+                return Err(Error::State(format!(
+                    "ring full: all {} slots hold steps not yet consumed (oldest {oldest}); \
+                     consume steps with ple_dequant_* or ple_release_step",
+                    sh.opts.max_in_flight
+                )));
+            }
+            let t0 = Instant::now();
+            let deadline = t0.checked_add(Duration::from_micros(sh.opts.wait_timeout_us));
+            let (r, ok) = sh.park(ring, deadline, |r| free(r).is_some());
+            ring = r;
+            sh.stats
+                .wait_ns
+                .fetch_add(stats::ns(t0.elapsed()), Ordering::Relaxed);
+            if !ok {
+                sh.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::Timeout(format!(
+                    "ring full for {} µs: all {} slots hold steps not consumed (oldest {oldest})",
+                    sh.opts.wait_timeout_us, sh.opts.max_in_flight
+                )));
+            }
+        }
+        let slot = free(&ring).expect("a free slot");
+        let Some(tx) = sub.tx.as_ref() else {
+            return Err(Error::State("the handle is closing".into()));
+        };
+        ring.slots[slot] = SlotState::Pending { seq };
+        ring.last_seq = seq;
+        ring.next_slot = (slot + 1) % ring.slots.len();
+        drop(ring);
+        // Tracked history changes last, once nothing else can refuse the step.
+        if b.context.is_none() {
+            if let Err(e) = lock(&self.tracker).commit(b) {
+                lock(&self.sh.ring).slots[slot] = SlotState::Free;
+                return Err(e);
+            }
+        }
+        let job = Job {
+            seq,
+            slot,
+            tokens: b.tokens.to_vec(),
+            ctx,
+            prefill,
+            submitted: Instant::now(),
+        };
+        if tx.send(job).is_err() {
+            // the worker is gone (cannot happen while the handle lives): record the failure
+            let mut ring = lock(&sh.ring);
+            ring.slots[slot] = SlotState::Free;
+            ring.failed
+                .push_back((seq, Error::State("the worker thread has stopped".into())));
+            return Err(Error::State("the worker thread has stopped".into()));
+        }
+        Ok(())
     }
-    pub fn wait(&self, _seq: u64, _timeout_us: u64) -> Result<()> {
-        Err(Error::Unsupported("not implemented yet".into()))
+
+    /// Waits until step `seq` is complete (`done >= seq`): spins briefly, then parks. `timeout_us`
+    /// 0 = the handle's default, `u64::MAX` = forever. Returns the step's own error if it failed,
+    /// `Error::Timeout` past the timeout, `Error::State` for a seq never submitted or consumed.
+    pub fn wait(&self, seq: u64, timeout_us: u64) -> Result<()> {
+        let sh = &*self.sh;
+        match lock(&sh.ring).status(seq)? {
+            StepStatus::Failed(e) => return Err(e),
+            StepStatus::Ready { .. } | StepStatus::Consuming => return Ok(()),
+            StepStatus::Pending => {}
+        }
+        let t0 = Instant::now();
+        let timeout = match timeout_us {
+            0 => Some(sh.opts.wait_timeout_us),
+            u64::MAX => None,
+            t => Some(t),
+        };
+        let deadline = timeout.and_then(|t| t0.checked_add(Duration::from_micros(t)));
+        let mut i = 0u32;
+        while sh.done.load(Ordering::Acquire) < seq {
+            i += 1;
+            if i % 16 == 0 && t0.elapsed() > WAIT_SPIN {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let mut ok = true;
+        if sh.done.load(Ordering::Acquire) < seq {
+            let ring = lock(&sh.ring);
+            let (_ring, r) = sh.park(ring, deadline, |_| sh.done.load(Ordering::Acquire) >= seq);
+            ok = r;
+        }
+        sh.stats
+            .wait_ns
+            .fetch_add(stats::ns(t0.elapsed()), Ordering::Relaxed);
+        if !ok {
+            sh.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Timeout(format!(
+                "step {seq} not complete after {} µs (done = {})",
+                timeout.unwrap_or(u64::MAX),
+                sh.done.load(Ordering::Acquire)
+            )));
+        }
+        match lock(&sh.ring).status(seq)? {
+            StepStatus::Failed(e) => Err(e),
+            _ => Ok(()),
+        }
     }
-    pub fn packed_rows(&self, _seq: u64) -> Result<(*const u8, u32)> {
-        Err(Error::Unsupported("not implemented yet".into()))
+
+    /// Waits for step `seq` and returns its rows `[tokens][16][row_bytes]` (pointer, tokens). The
+    /// pointer stays valid until the step is consumed.
+    pub fn packed_rows(&self, seq: u64) -> Result<(*const u8, u32)> {
+        self.wait(seq, 0)?;
+        match lock(&self.sh.ring).status(seq)? {
+            StepStatus::Ready { slot, tokens } => {
+                // SAFETY: the slot is Ready: its rows are complete and stay until consumed.
+                Ok((unsafe { self.sh.staging(slot) }.as_ptr(), tokens))
+            }
+            StepStatus::Consuming => Err(Error::State(format!(
+                "step {seq} is being consumed by a dequant call"
+            ))),
+            StepStatus::Failed(e) => Err(e),
+            StepStatus::Pending => Err(Error::State(format!("step {seq} is not complete"))),
+        }
     }
-    pub fn release_step(&self, _seq: u64) -> Result<()> {
-        Err(Error::Unsupported("not implemented yet".into()))
+
+    /// Calls `f` with step `seq`'s rows while holding the slot (Consuming), then frees it.
+    fn consume<R>(&self, seq: u64, f: impl FnOnce(&[u8], usize) -> R) -> Result<R> {
+        let sh = &*self.sh;
+        let waited = self.wait(seq, 0);
+        let mut ring = lock(&sh.ring);
+        if let Some(i) = ring.failed.iter().position(|(s, _)| *s == seq) {
+            let (_, e) = ring.failed.remove(i).expect("index from position");
+            return Err(e);
+        }
+        waited?;
+        let (slot, tokens) = match ring.status(seq)? {
+            StepStatus::Ready { slot, tokens } => (slot, tokens),
+            StepStatus::Consuming => {
+                return Err(Error::State(format!(
+                    "step {seq} is already being consumed by another call"
+                )));
+            }
+            StepStatus::Failed(e) => return Err(e),
+            StepStatus::Pending => return Err(Error::State(format!("step {seq} is not complete"))),
+        };
+        ring.slots[slot] = SlotState::Consuming { seq, tokens };
+        drop(ring);
+        // SAFETY: the slot is Consuming, held by this call: nobody writes it until freed below.
+        let rows = unsafe { sh.staging(slot) };
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(rows, tokens as usize)));
+        sh.free_slot(slot);
+        r.map_err(|p| Error::Panic(panic_text(&*p)))
     }
-    pub fn dequant_cpu(
+
+    /// Releases step `seq`'s slot without dequantising (waits for the step first). Releasing a
+    /// failed step forgets its error and succeeds.
+    pub fn release_step(&self, seq: u64) -> Result<()> {
+        match self.consume(seq, |_, _| ()) {
+            Err(e) if e.status() != ffi::PLE_E_STATE && e.status() != ffi::PLE_E_TIMEOUT => {
+                // the step's own error: it is released now
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// Waits for step `seq`, dequantises its rows into `out` (`[tokens]` × 2560 of `dtype`,
+    /// `stride` elements apart; `PLE_FUSE_ACCUMULATE` adds) and releases the slot. A failed step
+    /// returns its error and is released too.
+    ///
+    /// # Safety
+    /// `out` must be valid for reads and writes of `(tokens - 1) * stride + 2560` elements of
+    /// `dtype` and not be used by anyone else during the call.
+    pub unsafe fn dequant_cpu(
         &self,
-        _seq: u64,
-        _out: *mut u8,
-        _dtype: i32,
-        _stride: usize,
-        _flags: u32,
+        seq: u64,
+        out: *mut u8,
+        dtype: i32,
+        stride: usize,
+        flags: u32,
     ) -> Result<()> {
-        Err(Error::Unsupported("not implemented yet".into()))
+        let dtype = Dtype::from_c(dtype)?;
+        if flags & !ffi::PLE_FUSE_ACCUMULATE != 0 {
+            return crate::invalid!("flags {flags:#x} has bits other than PLE_FUSE_ACCUMULATE");
+        }
+        if out.is_null() {
+            return crate::invalid!("out is NULL");
+        }
+        if stride < crate::model::PLE_EMBED_DIM {
+            return crate::invalid!(
+                "out_stride {stride} < {} elements",
+                crate::model::PLE_EMBED_DIM
+            );
+        }
+        if (out as usize) % dtype.size() != 0 {
+            return crate::invalid!("out is not aligned for {}", dtype.name());
+        }
+        let t = &self.sh.table;
+        let acc = flags & ffi::PLE_FUSE_ACCUMULATE != 0;
+        self.consume(seq, |rows, tokens| {
+            // SAFETY: the caller guarantees `out` (see above).
+            unsafe {
+                dequant::dequant_raw(
+                    t.format(),
+                    t.global_scale(),
+                    rows,
+                    tokens,
+                    out,
+                    dtype,
+                    stride,
+                    acc,
+                    Some(self.sh.pool()),
+                )
+            }
+        })?
     }
+
+    /// GPU dequant (see `ple_dequant_fuse`). Wired by the CUDA module.
     pub fn dequant_fuse(
         &self,
         _stream: *mut c_void,
@@ -205,12 +1045,88 @@ impl Pipeline {
         _stride: usize,
         _flags: u32,
     ) -> Result<()> {
-        Err(Error::Unsupported("not implemented yet".into()))
+        if self.sh.opts.cuda_device == -1 {
+            return Err(Error::CudaUnavailable(
+                "handle opened without a CUDA device (cuda_device = -1)".into(),
+            ));
+        }
+        Err(Error::Unsupported(
+            "ple_dequant_fuse: the CUDA path is not part of this build yet".into(),
+        ))
     }
-    pub fn ngram_ids(&self, _b: &crate::context::Batch, _out: &mut [i64]) -> Result<()> {
-        Err(Error::Unsupported("not implemented yet".into()))
+
+    /// The 16 row ids of each token of `b` into `out` (`num_tokens × 16`), without side effects:
+    /// tracked history is read, not changed.
+    pub fn ngram_ids(&self, b: &Batch, out: &mut [i64]) -> Result<()> {
+        let meta = self.sh.table.meta();
+        validate_batch(b, meta.hash.vocab_size, u32::MAX)?;
+        let heads = self.num_heads();
+        if out.len() != b.tokens.len() * heads {
+            return crate::invalid!(
+                "out_ids holds {} ids, {} tokens need {}",
+                out.len(),
+                b.tokens.len(),
+                b.tokens.len() * heads
+            );
+        }
+        let k = meta.ngram_size as usize - 1;
+        if let Some(c) = b.context {
+            if c.len() != b.request_ids.len() * k {
+                return crate::invalid!(
+                    "batch.context has {} entries, expected {}",
+                    c.len(),
+                    b.request_ids.len() * k
+                );
+            }
+        }
+        let ctx = {
+            let t = lock(&self.tracker);
+            resolve_contexts(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
+        };
+        let mut ids = vec![0u64; heads];
+        for (i, &t) in b.tokens.iter().enumerate() {
+            self.sh.hasher.ids(t, &ctx[i * k..(i + 1) * k], &mut ids);
+            for (o, &v) in out[i * heads..(i + 1) * heads].iter_mut().zip(&ids) {
+                *o = v as i64;
+            }
+        }
+        Ok(())
     }
-    pub fn release_request(&self, _id: u64) {}
-    /// Stops the worker; later waits fail with `Error::State`.
-    pub fn shutdown(&self) {}
+
+    /// Forgets a request's tracked history (unknown ids are fine).
+    pub fn release_request(&self, id: u64) {
+        lock(&self.tracker).release(id);
+    }
+
+    /// Marks the handle as closing (from `ple_close`): queued steps are abandoned, waiters wake
+    /// and calls that still hold the handle get `Error::State`. The worker is joined when the last
+    /// reference is dropped.
+    pub fn shutdown(&self) {
+        self.sh.closing.store(true, Ordering::SeqCst);
+        let _ring = lock(&self.sh.ring);
+        self.sh.cv.notify_all();
+    }
 }
+
+impl Drop for Pipeline {
+    /// Stops the worker after the step it is running (queued steps are abandoned), joins it, then
+    /// drops the pool and joins its threads: nothing of the handle outlives the call.
+    fn drop(&mut self) {
+        self.sh.closing.store(true, Ordering::SeqCst);
+        lock(&self.submit_state).tx = None;
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+        if let Some(sh) = Arc::get_mut(&mut self.sh) {
+            drop(sh.pool.take());
+            let handles = std::mem::take(&mut *lock(&self.pool_threads));
+            for h in handles {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "pipeline_tests.rs"]
+mod tests;
