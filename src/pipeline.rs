@@ -1,4 +1,26 @@
 //! The step pipeline: submit → (worker) hash, prefetch, gather, copy → done = seq → wait (SPEC §7–§8).
+//!
+//! # GPU mode (`cuda_device >= 0`)
+//! `open` creates a [`GpuSide`] (no driver: `Error::CudaUnavailable`, before any thread starts;
+//! with `cuda_device = -1` nothing CUDA is touched). Then:
+//! - ring slot of step `seq` is exactly `seq % max_in_flight` (`GpuSide::slot_of`, which the
+//!   device kernels use); if that slot still holds an unconsumed step, `ring_full_policy` applies
+//!   even when other slots are free. The CPU-only ring keeps its policy (next free slot in ring
+//!   order), so sparse seqs still use every slot there.
+//! - the worker gathers into the GPU side's pinned staging (no CPU staging is allocated), then
+//!   `GpuSide::upload` (timed as `copy_ns`) before publishing `done`; a failed step is published
+//!   to the device with `GpuSide::publish_failed` so device waiters are released.
+//! - `dequant_fuse` claims the step (Pending or Ready → Consuming), calls `GpuSide::fuse` (host
+//!   wait = `wait(seq, 0)`) and frees the slot on success; the GPU side keeps the kernel's event
+//!   so the slot's device rows are not overwritten before the kernel read them.
+//! - CUDA Graph mode (`graph_prepare`, `pipeline_gpu.rs`): a Ready step `s >= base` counts as
+//!   consumed, its slot free, once `GpuSide::consumed_seq() >= s`; parked submitters poll for
+//!   that every `GRAPH_POLL`.
+//! - host views (`packed_rows`, `dequant_cpu`, `release_step`) work as on the CPU, on the
+//!   pinned staging.
+//!
+//! None of the GPU mode has run on a GPU yet (the work was done without one): the `seq % slots`
+//! ring is tested on the CPU (forced), the rest only compiles and is reviewed.
 
 use crate::context::Batch;
 use crate::cuda::{GpuConfig, GpuSide};
