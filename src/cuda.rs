@@ -1,6 +1,7 @@
 //! The GPU side: CUDA driver loading, the device's primary context, device row buffers, the
 //! CPU → GPU handshake and the dequant kernels (SPEC §5, §8, §12). The pipeline owns one
-//! [`GpuSide`] per handle opened with `cuda_device >= 0`.
+//! [`GpuSide`] per handle opened with `cuda_device >= 0` (wired in `crate::pipeline`; see its
+//! module docs and docs/GPU.md for what has not run on a GPU yet).
 //!
 //! # Driver
 //! libcuda is loaded at run time (cudarc, `dynamic-loading`); a machine without it builds, tests

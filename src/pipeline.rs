@@ -1,6 +1,29 @@
 //! The step pipeline: submit → (worker) hash, prefetch, gather, copy → done = seq → wait (SPEC §7–§8).
+//!
+//! # GPU mode (`cuda_device >= 0`)
+//! `open` creates a [`GpuSide`] (no driver: `Error::CudaUnavailable`, before any thread starts;
+//! with `cuda_device = -1` nothing CUDA is touched). Then:
+//! - ring slot of step `seq` is exactly `seq % max_in_flight` (`GpuSide::slot_of`, which the
+//!   device kernels use); if that slot still holds an unconsumed step, `ring_full_policy` applies
+//!   even when other slots are free. The CPU-only ring keeps its policy (next free slot in ring
+//!   order), so sparse seqs still use every slot there.
+//! - the worker gathers into the GPU side's pinned staging (no CPU staging is allocated), then
+//!   `GpuSide::upload` (timed as `copy_ns`) before publishing `done`; a failed step is published
+//!   to the device with `GpuSide::publish_failed` so device waiters are released.
+//! - `dequant_fuse` claims the step (Pending or Ready → Consuming), calls `GpuSide::fuse` (host
+//!   wait = `wait(seq, 0)`) and frees the slot on success; the GPU side keeps the kernel's event
+//!   so the slot's device rows are not overwritten before the kernel read them.
+//! - CUDA Graph mode (`graph_prepare`, `pipeline_gpu.rs`): a Ready step `s >= base` counts as
+//!   consumed, its slot free, once `GpuSide::consumed_seq() >= s`; parked submitters poll for
+//!   that every `GRAPH_POLL`.
+//! - host views (`packed_rows`, `dequant_cpu`, `release_step`) work as on the CPU, on the
+//!   pinned staging.
+//!
+//! None of the GPU mode has run on a GPU yet (the work was done without one): the `seq % slots`
+//! ring is tested on the CPU (forced), the rest only compiles and is reviewed.
 
 use crate::context::Batch;
+use crate::cuda::{GpuConfig, GpuSide};
 use crate::dequant::{self, Dtype};
 use crate::error::{Error, Result};
 use crate::ffi::{self, ple_options, ple_stats, ple_table_info};
@@ -178,6 +201,8 @@ const WORKER_SPIN: Duration = Duration::from_micros(50);
 const PARALLEL_HASH_MIN_TOKENS: usize = 256;
 /// Failed steps remembered for their waiters (oldest forgotten first).
 const MAX_FAILED_RECORDS: usize = 64;
+/// With a GPU, how often a parked submitter re-checks for slots freed by CUDA Graph replays.
+const GRAPH_POLL: Duration = Duration::from_micros(200);
 
 /// One step handed to the worker (owns copies of the caller's arrays).
 struct Job {
@@ -193,10 +218,15 @@ struct Job {
 /// State of one ring slot. A slot goes Free → Pending (submit) → Ready (worker published) →
 /// [Consuming (dequant running)] → Free (consumed). A failed step goes Pending → Free at once and
 /// its error is kept in `Ring::failed`. Only a Free slot is ever given to a new step.
+///
+/// GPU mode only: `dequant_fuse` may claim a step that is still Pending (device waits enqueue
+/// before the step is complete): Pending → Consuming, and the worker's publish then leaves the
+/// slot alone (the step stays claimed; a slot already freed or reused is never touched). A Ready
+/// step a CUDA Graph replay consumed counts as Free (`Shared::reclaim_graph_consumed`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SlotState {
     Free,
-    Pending { seq: u64 },
+    Pending { seq: u64, tokens: u32 },
     Ready { seq: u64, tokens: u32 },
     Consuming { seq: u64, tokens: u32 },
 }
@@ -205,7 +235,7 @@ impl SlotState {
     fn seq(self) -> Option<u64> {
         match self {
             SlotState::Free => None,
-            SlotState::Pending { seq }
+            SlotState::Pending { seq, .. }
             | SlotState::Ready { seq, .. }
             | SlotState::Consuming { seq, .. } => Some(seq),
         }
@@ -243,7 +273,7 @@ impl Ring {
         }
         for (i, st) in self.slots.iter().enumerate() {
             match *st {
-                SlotState::Pending { seq: s } if s == seq => return Ok(StepStatus::Pending),
+                SlotState::Pending { seq: s, .. } if s == seq => return Ok(StepStatus::Pending),
                 SlotState::Ready { seq: s, tokens } if s == seq => {
                     return Ok(StepStatus::Ready { slot: i, tokens });
                 }
@@ -305,7 +335,17 @@ struct Shared {
     opts: OpenOptions,
     /// Taken out only by `Drop` (to join its threads).
     pool: Option<rayon::ThreadPool>,
+    /// CPU staging per slot; empty when `gpu` is set (the worker then gathers into the GPU
+    /// side's pinned staging, under the same access protocol).
     staging: Vec<Staging>,
+    /// The GPU side (handles opened with `cuda_device >= 0`). With it, step `seq` always goes in
+    /// ring slot `seq % max_in_flight` (`GpuSide::slot_of`: the device kernels find it that way).
+    gpu: Option<GpuSide>,
+    /// Step `seq` goes in slot `seq % max_in_flight` (set with a GPU; tests can force it on CPU).
+    slot_by_seq: bool,
+    /// First step of CUDA Graph mode (0: not prepared). A Ready step `s >= graph_base` counts
+    /// as consumed once `gpu.consumed_seq() >= s` (a graph replay consumed it).
+    graph_base: AtomicU64,
     ring: Mutex<Ring>,
     /// Signalled when a step is published or a slot freed (only while `waiters > 0`).
     cv: Condvar,
@@ -316,6 +356,19 @@ struct Shared {
     closing: AtomicBool,
     #[cfg(test)]
     hooks: TestHooks,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: handles opened on this thread use the GPU mode's `seq % slots` ring on the CPU.
+    pub(crate) static FORCE_SLOT_BY_SEQ: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn force_slot_by_seq() -> bool {
+    #[cfg(test)]
+    return FORCE_SLOT_BY_SEQ.with(|f| f.get());
+    #[cfg(not(test))]
+    false
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -344,24 +397,28 @@ impl Shared {
         ready: impl Fn(&Ring) -> bool,
     ) -> (MutexGuard<'a, Ring>, bool) {
         self.waiters.fetch_add(1, Ordering::SeqCst);
+        // With a GPU, graph replays free slots without signalling the condition variable: poll.
+        let poll = self.gpu.as_ref().map(|_| GRAPH_POLL);
         let ok = loop {
             if ready(&ring) {
                 break true;
             }
-            match deadline {
-                None => ring = self.cv.wait(ring).unwrap_or_else(|p| p.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        break false;
-                    }
-                    ring = self
-                        .cv
-                        .wait_timeout(ring, d - now)
+            let now = Instant::now();
+            let until = match (deadline, poll) {
+                (Some(d), _) if now >= d => break false,
+                (Some(d), Some(p)) => Some((d - now).min(p)),
+                (Some(d), None) => Some(d - now),
+                (None, p) => p,
+            };
+            ring = match until {
+                None => self.cv.wait(ring).unwrap_or_else(|p| p.into_inner()),
+                Some(t) => {
+                    self.cv
+                        .wait_timeout(ring, t)
                         .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                        .0
                 }
-            }
+            };
         };
         self.waiters.fetch_sub(1, Ordering::SeqCst);
         (ring, ok)
@@ -375,10 +432,12 @@ impl Shared {
             Ok(mut rec) => {
                 rec.step_ns = stats::ns(job.submitted.elapsed());
                 self.stats.record_step(&rec);
-                ring.slots[job.slot] = SlotState::Ready {
-                    seq: job.seq,
-                    tokens: job.tokens.len() as u32,
-                };
+                // (GPU mode: a slot a dequant_fuse claimed, or already freed, is left alone.)
+                if let SlotState::Pending { seq, tokens } = ring.slots[job.slot] {
+                    if seq == job.seq {
+                        ring.slots[job.slot] = SlotState::Ready { seq, tokens };
+                    }
+                }
             }
             Err(e) => {
                 if self.closing.load(Ordering::Relaxed) {
@@ -387,7 +446,15 @@ impl Shared {
                     log::warn!("step {} failed: {e}", job.seq);
                 }
                 self.stats.failed_steps.fetch_add(1, Ordering::Relaxed);
-                ring.slots[job.slot] = SlotState::Free;
+                if let Some(g) = &self.gpu {
+                    // release device waiters of this step (its kernel writes nothing)
+                    if let Err(ge) = g.publish_failed(job.slot, job.seq) {
+                        log::warn!("step {}: publishing the failure to the GPU: {ge}", job.seq);
+                    }
+                }
+                if ring.slots[job.slot].seq() == Some(job.seq) {
+                    ring.slots[job.slot] = SlotState::Free;
+                }
                 ring.failed.push_back((job.seq, e));
                 while ring.failed.len() > MAX_FAILED_RECORDS {
                     ring.failed.pop_front();
@@ -405,12 +472,78 @@ impl Shared {
         self.notify();
     }
 
-    /// The staging bytes of `slot`.
+    /// The staging bytes of `slot` (the GPU side's pinned staging when there is one).
     ///
     /// # Safety
     /// Only while the slot is Ready/Consuming (readers) — see [`Staging`].
     unsafe fn staging(&self, slot: usize) -> &[u8] {
-        unsafe { &*self.staging[slot].0.get() }
+        match &self.gpu {
+            // SAFETY: `staging(slot)` holds `slot_bytes()` bytes while the GpuSide lives.
+            Some(g) => unsafe { std::slice::from_raw_parts(g.staging(slot), g.slot_bytes()) },
+            None => unsafe { &*self.staging[slot].0.get() },
+        }
+    }
+
+    /// The staging bytes of `slot`, for the worker.
+    ///
+    /// # Safety
+    /// Only by the worker, while the slot is Pending with its job — see [`Staging`].
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn staging_mut(&self, slot: usize) -> &mut [u8] {
+        match &self.gpu {
+            // SAFETY: as above; nobody else reads or writes the slot while it is Pending.
+            Some(g) => unsafe { std::slice::from_raw_parts_mut(g.staging(slot), g.slot_bytes()) },
+            None => unsafe { &mut *self.staging[slot].0.get() },
+        }
+    }
+
+    /// What is known about `seq` (steps a graph replay consumed count as consumed).
+    fn status(&self, ring: &mut Ring, seq: u64) -> Result<StepStatus> {
+        self.reclaim_graph_consumed(ring);
+        ring.status(seq)
+    }
+
+    /// Whether Ready step `seq` was consumed by a CUDA Graph replay (graph mode only).
+    fn graph_consumed(&self, seq: u64) -> bool {
+        let base = self.graph_base.load(Ordering::Acquire);
+        match &self.gpu {
+            Some(g) => base != 0 && seq >= base && g.consumed_seq() >= seq,
+            None => false,
+        }
+    }
+
+    /// Frees the slots of Ready steps a CUDA Graph replay consumed.
+    fn reclaim_graph_consumed(&self, ring: &mut Ring) {
+        if self.gpu.is_none() {
+            return;
+        }
+        for st in ring.slots.iter_mut() {
+            if let SlotState::Ready { seq, .. } = *st {
+                if self.graph_consumed(seq) {
+                    *st = SlotState::Free;
+                }
+            }
+        }
+    }
+
+    /// The slot step `seq` may take now, if any: with a GPU exactly `seq % slots` (free, or
+    /// holding a step a graph replay consumed); without, the next Free slot in ring order (the
+    /// CPU ring keeps its original policy: any free slot, so sparse seqs use the whole ring).
+    fn free_slot_for(&self, r: &Ring, seq: u64) -> Option<usize> {
+        let n = r.slots.len();
+        if self.slot_by_seq {
+            let s = (seq % n as u64) as usize;
+            debug_assert!(self.gpu.as_ref().is_none_or(|g| g.slot_of(seq) == s));
+            match r.slots[s] {
+                SlotState::Free => Some(s),
+                SlotState::Ready { seq: q, .. } if self.graph_consumed(q) => Some(s),
+                _ => None,
+            }
+        } else {
+            (0..n)
+                .map(|i| (r.next_slot + i) % n)
+                .find(|&i| r.slots[i] == SlotState::Free)
+        }
     }
 
     /// Hashes, prefetches and gathers one step into its slot (the worker's part of a step).
@@ -487,7 +620,7 @@ impl Shared {
         rec.prefetch_ns = stats::ns(t2 - t1);
         self.check_closing()?;
         // SAFETY: the slot is Pending with this job: only the worker touches its buffer.
-        let staging = unsafe { &mut *self.staging[job.slot].0.get() };
+        let staging = unsafe { self.staging_mut(job.slot) };
         let issue = |ranges: &[prefetch::PageRange]| {
             let (r, io) = stats::measure(true, || {
                 prefetch::prefetch(
@@ -542,8 +675,15 @@ impl Shared {
             )?);
             rec.gather_ns = stats::ns(t2.elapsed());
         }
-        // (CUDA handles: the host→device copy of the rows goes here, timed as copy_ns, and
-        // completes before the step is published.)
+        // CUDA handles: host → device copy of the rows; it completes (and the GPU side publishes
+        // the step to the device) before the pipeline publishes it. On error the step fails and
+        // `publish` publishes it to the device as failed.
+        if let Some(g) = &self.gpu {
+            self.check_closing()?;
+            let t = Instant::now();
+            g.upload(job.slot, n * heads * rb, job.seq, n as u32)?;
+            rec.copy_ns = stats::ns(t.elapsed());
+        }
         Ok(rec)
     }
 
@@ -654,6 +794,21 @@ impl Pipeline {
                 table.meta().num_heads
             )));
         }
+        // The GPU side first (nothing CUDA is touched with cuda_device = -1): a machine without a
+        // driver fails here with CudaUnavailable before any thread starts.
+        let gpu = if opts.cuda_device >= 0 {
+            Some(GpuSide::new(&GpuConfig {
+                device: opts.cuda_device,
+                wait_mode: opts.wait_mode,
+                slots: opts.max_in_flight as usize,
+                max_tokens: opts.max_tokens_per_step as usize,
+                format: table.format(),
+                global_scale: table.global_scale(),
+                timeout_us: opts.wait_timeout_us,
+            })?)
+        } else {
+            None
+        };
         let threads = match opts.num_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n as usize,
@@ -683,7 +838,9 @@ impl Pipeline {
         let slot_bytes =
             opts.max_tokens_per_step as usize * crate::model::NUM_HEADS * table.row_bytes();
         let mut staging = Vec::with_capacity(opts.max_in_flight as usize);
-        for _ in 0..opts.max_in_flight {
+        // With a GPU the worker gathers into the GPU side's pinned staging instead.
+        let cpu_slots = if gpu.is_some() { 0 } else { opts.max_in_flight };
+        for _ in 0..cpu_slots {
             let mut v = Vec::new();
             v.try_reserve_exact(slot_bytes)
                 .map_err(|_| Error::OutOfMemory(format!("staging slot of {slot_bytes} bytes")))?;
@@ -705,6 +862,9 @@ impl Pipeline {
             hasher,
             pool: Some(pool),
             staging,
+            slot_by_seq: gpu.is_some() || force_slot_by_seq(),
+            gpu,
+            graph_base: AtomicU64::new(0),
             ring: Mutex::new(Ring {
                 slots: vec![SlotState::Free; n],
                 failed: VecDeque::new(),
@@ -765,7 +925,23 @@ impl Pipeline {
 
     /// Facts about the table (`ple_table_info`).
     pub fn table_info(&self) -> ple_table_info {
-        crate::table::table_info(&self.sh.table)
+        let mut info = crate::table::table_info(&self.sh.table);
+        if let Some(g) = &self.sh.gpu {
+            info.device_wait_supported = g.device_wait_supported() as i32;
+        }
+        info
+    }
+
+    /// The handle's GPU side, if it was opened with `cuda_device >= 0`.
+    pub(crate) fn gpu(&self) -> Result<&GpuSide> {
+        self.sh.gpu.as_ref().ok_or_else(|| {
+            Error::CudaUnavailable("handle opened without a CUDA device (cuda_device = -1)".into())
+        })
+    }
+
+    /// Enters CUDA Graph mode from step `base_seq` on (see `GpuSide::graph_prepare`).
+    pub(crate) fn set_graph_base(&self, base_seq: u64) {
+        self.sh.graph_base.store(base_seq, Ordering::Release);
     }
 
     /// Cumulative counters, with page-cache residency of the table and MemAvailable measured now.
@@ -813,21 +989,28 @@ impl Pipeline {
             .windows(2)
             .any(|w| (w[1] - w[0]) as usize > stats::DECODE_MAX_SPAN);
 
-        // take a free slot (the next one in ring order if free; a failed step frees its slot early)
+        // take a free slot (CPU: the next one in ring order if free; a failed step frees its slot
+        // early. GPU: exactly seq % slots, see `Shared::free_slot_for`)
         let mut ring = lock(&sh.ring);
-        let free = |r: &Ring| {
-            (0..r.slots.len())
-                .map(|i| (r.next_slot + i) % r.slots.len())
-                .find(|&i| r.slots[i] == SlotState::Free)
-        };
+        let free = |r: &Ring| sh.free_slot_for(r, seq);
         if free(&ring).is_none() {
             let oldest = ring.slots.iter().filter_map(|s| s.seq()).min().unwrap_or(0);
             if sh.opts.ring_full_policy == ffi::PLE_RING_ERROR {
-                return Err(Error::State(format!(
-                    "ring full: all {} slots hold steps not yet consumed (oldest {oldest}); \
-                     consume steps with ple_dequant_* or ple_release_step",
-                    sh.opts.max_in_flight
-                )));
+                let target = (seq % ring.slots.len() as u64) as usize;
+                return Err(Error::State(if sh.slot_by_seq {
+                    format!(
+                        "ring full: slot {target} (seq % {}) holds step {} not yet consumed; \
+                         consume steps with ple_dequant_* or ple_release_step",
+                        sh.opts.max_in_flight,
+                        ring.slots[target].seq().unwrap_or(0)
+                    )
+                } else {
+                    format!(
+                        "ring full: all {} slots hold steps not yet consumed (oldest {oldest}); \
+                         consume steps with ple_dequant_* or ple_release_step",
+                        sh.opts.max_in_flight
+                    )
+                }));
             }
             let t0 = Instant::now();
             let deadline = t0.checked_add(Duration::from_micros(sh.opts.wait_timeout_us));
@@ -845,10 +1028,14 @@ impl Pipeline {
             }
         }
         let slot = free(&ring).expect("a free slot");
+        sh.reclaim_graph_consumed(&mut ring);
         let Some(tx) = sub.tx.as_ref() else {
             return Err(Error::State("the handle is closing".into()));
         };
-        ring.slots[slot] = SlotState::Pending { seq };
+        ring.slots[slot] = SlotState::Pending {
+            seq,
+            tokens: b.tokens.len() as u32,
+        };
         ring.last_seq = seq;
         ring.next_slot = (slot + 1) % ring.slots.len();
         drop(ring);
@@ -883,10 +1070,12 @@ impl Pipeline {
     /// `Error::Timeout` past the timeout, `Error::State` for a seq never submitted or consumed.
     pub fn wait(&self, seq: u64, timeout_us: u64) -> Result<()> {
         let sh = &*self.sh;
-        match lock(&sh.ring).status(seq)? {
+        match sh.status(&mut lock(&sh.ring), seq)? {
             StepStatus::Failed(e) => return Err(e),
-            StepStatus::Ready { .. } | StepStatus::Consuming => return Ok(()),
-            StepStatus::Pending => {}
+            StepStatus::Ready { .. } => return Ok(()),
+            // (GPU mode: a dequant_fuse may claim a step before it is complete)
+            StepStatus::Consuming if sh.done.load(Ordering::Acquire) >= seq => return Ok(()),
+            StepStatus::Pending | StepStatus::Consuming => {}
         }
         let t0 = Instant::now();
         let timeout = match timeout_us {
@@ -920,7 +1109,7 @@ impl Pipeline {
                 sh.done.load(Ordering::Acquire)
             )));
         }
-        match lock(&sh.ring).status(seq)? {
+        match sh.status(&mut lock(&sh.ring), seq)? {
             StepStatus::Failed(e) => Err(e),
             _ => Ok(()),
         }
@@ -930,7 +1119,7 @@ impl Pipeline {
     /// pointer stays valid until the step is consumed.
     pub fn packed_rows(&self, seq: u64) -> Result<(*const u8, u32)> {
         self.wait(seq, 0)?;
-        match lock(&self.sh.ring).status(seq)? {
+        match self.sh.status(&mut lock(&self.sh.ring), seq)? {
             StepStatus::Ready { slot, tokens } => {
                 // SAFETY: the slot is Ready: its rows are complete and stay until consumed.
                 Ok((unsafe { self.sh.staging(slot) }.as_ptr(), tokens))
@@ -953,7 +1142,7 @@ impl Pipeline {
             return Err(e);
         }
         waited?;
-        let (slot, tokens) = match ring.status(seq)? {
+        let (slot, tokens) = match sh.status(&mut ring, seq)? {
             StepStatus::Ready { slot, tokens } => (slot, tokens),
             StepStatus::Consuming => {
                 return Err(Error::State(format!(
@@ -1035,24 +1224,89 @@ impl Pipeline {
         })?
     }
 
-    /// GPU dequant (see `ple_dequant_fuse`). Wired by the CUDA module.
+    /// GPU dequant (see `ple_dequant_fuse`): enqueues step `seq`'s wait and dequantisation on the
+    /// engine's `stream` (`GpuSide::fuse`, `out` a device pointer) and marks the step consumed
+    /// once enqueued; the GPU side keeps the kernel's event, so the worker does not overwrite the
+    /// slot's device rows before the kernel has read them. `Error::State` for a step not
+    /// submitted, already consumed or being consumed; a failed step returns its error (and is
+    /// released, as with `dequant_cpu`). With `PLE_WAIT_HOST` the call first waits for the step
+    /// on the host (`wait(seq, 0)`); with device waits it returns without waiting.
     pub fn dequant_fuse(
         &self,
-        _stream: *mut c_void,
-        _seq: u64,
-        _out: u64,
-        _dtype: i32,
-        _stride: usize,
-        _flags: u32,
+        stream: *mut c_void,
+        seq: u64,
+        out: u64,
+        dtype: i32,
+        stride: usize,
+        flags: u32,
     ) -> Result<()> {
-        if self.sh.opts.cuda_device == -1 {
-            return Err(Error::CudaUnavailable(
-                "handle opened without a CUDA device (cuda_device = -1)".into(),
-            ));
+        let sh = &*self.sh;
+        let g = self.gpu()?;
+        let slot = g.slot_of(seq);
+        // Claim the step (Pending or Ready → Consuming) so no other call consumes it meanwhile.
+        let tokens = {
+            let mut ring = lock(&sh.ring);
+            if let Some(i) = ring.failed.iter().position(|(s, _)| *s == seq) {
+                let (_, e) = ring.failed.remove(i).expect("index from position");
+                return Err(e);
+            }
+            match sh.status(&mut ring, seq)? {
+                StepStatus::Failed(e) => return Err(e),
+                StepStatus::Consuming => {
+                    return Err(Error::State(format!(
+                        "step {seq} is already being consumed by another call"
+                    )));
+                }
+                StepStatus::Pending | StepStatus::Ready { .. } => {}
+            }
+            let tokens = match ring.slots[slot] {
+                SlotState::Pending { seq: s, tokens } | SlotState::Ready { seq: s, tokens }
+                    if s == seq =>
+                {
+                    tokens
+                }
+                st => {
+                    return Err(Error::State(format!(
+                        "step {seq} is not in ring slot {slot} (seq % {}): {st:?}",
+                        g.slots()
+                    )));
+                }
+            };
+            ring.slots[slot] = SlotState::Consuming { seq, tokens };
+            tokens
+        };
+        let r = g.fuse(
+            stream,
+            slot,
+            seq,
+            tokens,
+            out,
+            dtype,
+            stride,
+            flags,
+            &|| self.wait(seq, 0),
+        );
+        let mut ring = lock(&sh.ring);
+        if ring.slots[slot] == (SlotState::Consuming { seq, tokens }) {
+            ring.slots[slot] = match &r {
+                // consumed: the GPU side keeps the kernel's event until the slot is reused
+                Ok(()) => SlotState::Free,
+                // not enqueued: the step stays available
+                Err(_) if sh.done.load(Ordering::Acquire) >= seq => {
+                    SlotState::Ready { seq, tokens }
+                }
+                Err(_) => SlotState::Pending { seq, tokens },
+            };
         }
-        Err(Error::Unsupported(
-            "ple_dequant_fuse: the CUDA path is not part of this build yet".into(),
-        ))
+        if r.is_err() {
+            // the step's own failure (host wait) is reported now and released, as in dequant_cpu
+            if let Some(i) = ring.failed.iter().position(|(s, _)| *s == seq) {
+                ring.failed.remove(i);
+            }
+        }
+        drop(ring);
+        sh.notify();
+        r
     }
 
     /// The 16 row ids of each token of `b` into `out` (`num_tokens × 16`), without side effects:

@@ -1,39 +1,37 @@
-//! TEMPORARY SEAM between the C API's GPU exports (`ffi.rs`, section "GPU") and the pipeline.
-//!
-//! The GPU side itself lives in [`crate::cuda::GpuSide`]; the pipeline (owned by another issue)
-//! must hold one per handle opened with `cuda_device >= 0` and implement these methods by
-//! delegating to it. Until then they return `Unsupported` so the crate builds and the exports
-//! exist. The integrator replaces this whole file. Wiring:
-//! - `graph_prepare(stream, base)`        → `gpu.graph_prepare(stream, base)`
-//! - `dequant_fuse_graph(stream, cap, …)` → `gpu.fuse_graph(stream, cap, out, dtype, stride, flags)`
-//! - `check_device()`                     → `gpu.device_error().map_or(Ok(()), Err)`
+//! The pipeline's CUDA Graph and device-error entry points (`ffi.rs`, section "GPU"), delegating
+//! to the handle's [`crate::cuda::GpuSide`]. A handle opened with `cuda_device = -1` has none and
+//! these return `Error::CudaUnavailable`.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use std::ffi::c_void;
 
-const SEAM: &str = "GPU path not wired to the pipeline yet";
-
 impl crate::pipeline::Pipeline {
-    /// `ple_graph_prepare`: CUDA Graph mode from step `base_seq` on.
-    pub fn graph_prepare(&self, _stream: *mut c_void, _base_seq: u64) -> Result<()> {
-        Err(Error::Unsupported(SEAM.into()))
+    /// `ple_graph_prepare`: CUDA Graph mode from step `base_seq` on. From then on a Ready step
+    /// `s >= base_seq` counts as consumed (its ring slot free) once a replay consumed it
+    /// (`GpuSide::consumed_seq() >= s`).
+    pub fn graph_prepare(&self, stream: *mut c_void, base_seq: u64) -> Result<()> {
+        let g = self.gpu()?;
+        g.graph_prepare(stream, base_seq)?;
+        self.set_graph_base(base_seq);
+        Ok(())
     }
 
     /// `ple_dequant_fuse_graph`: enqueue wait + dequant + advance for graph capture.
     pub fn dequant_fuse_graph(
         &self,
-        _stream: *mut c_void,
-        _capacity_tokens: u32,
-        _out: u64,
-        _dtype: i32,
-        _stride: usize,
-        _flags: u32,
+        stream: *mut c_void,
+        capacity_tokens: u32,
+        out: u64,
+        dtype: i32,
+        stride: usize,
+        flags: u32,
     ) -> Result<()> {
-        Err(Error::Unsupported(SEAM.into()))
+        self.gpu()?
+            .fuse_graph(stream, capacity_tokens, out, dtype, stride, flags)
     }
 
     /// `ple_check_device`: the first device-side error since the last check, if any (cleared).
     pub fn check_device(&self) -> Result<()> {
-        Err(Error::Unsupported(SEAM.into()))
+        self.gpu()?.device_error().map_or(Ok(()), Err)
     }
 }

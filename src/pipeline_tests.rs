@@ -614,3 +614,124 @@ fn one_handle_shared_by_a_submitter_and_waiters() {
         }
     });
 }
+
+/// The GPU mode's ring (`seq % slots`, forced on the CPU here: the GPU side itself needs a
+/// driver) serves the right rows through wraparound with sparse seqs, refuses or waits for an
+/// occupied target slot, and never overwrites an unconsumed step.
+#[test]
+fn seq_mod_slots_ring_wraps_refuses_and_waits() {
+    let format = RowFormat::Fp8;
+    let d = make_table(format, 2000);
+    let mut rng = Rng(5);
+    FORCE_SLOT_BY_SEQ.with(|f| f.set(true));
+    let p = open(d.path(), |o| {
+        o.max_in_flight = 3;
+        o.ring_full_policy = ffi::PLE_RING_ERROR;
+    });
+    let p_wait = open(d.path(), |o| o.max_in_flight = 2);
+    FORCE_SLOT_BY_SEQ.with(|f| f.set(false));
+    assert!(p.sh.slot_by_seq && p_wait.sh.slot_by_seq);
+
+    let bs: Vec<B> = (0..4).map(|_| random_batch(&mut rng, 2, 5)).collect();
+    p.submit(&bs[0].view(), 1).unwrap(); // slot 1
+    p.submit(&bs[1].view(), 2).unwrap(); // slot 2
+    // seq 4 needs slot 1, still held by step 1, although slot 0 is free
+    let e = p.submit(&bs[3].view(), 4).unwrap_err();
+    assert_eq!(e.status(), ffi::PLE_E_STATE);
+    assert!(e.to_string().contains("ring full: slot 1"), "{e}");
+    p.submit(&bs[2].view(), 3).unwrap(); // slot 0
+    p.release_step(1).unwrap();
+    p.submit(&bs[3].view(), 4).unwrap(); // slot 1 again
+    for (seq, b) in [(2u64, &bs[1]), (3, &bs[2]), (4, &bs[3])] {
+        check_rows(&p, seq, &ids_of(&p, b), format);
+    }
+    assert_eq!(p.wait(1, 0).unwrap_err().status(), ffi::PLE_E_STATE);
+
+    // sparse seqs through many wraparounds (3i + 1 alternates slots 1, 0 with 2 slots)
+    let mut pending: VecDeque<(u64, Vec<i64>)> = VecDeque::new();
+    for i in 0..100u64 {
+        let seq = 3 * i + 1;
+        let (nreq, len) = (1 + rng.below(4) as usize, 1 + rng.below(3));
+        let b = random_batch(&mut rng, nreq, len);
+        let ids = ids_of(&p_wait, &b);
+        p_wait.submit(&b.view(), seq).unwrap();
+        pending.push_back((seq, ids));
+        if pending.len() == 2 {
+            let (s, ids) = pending.pop_front().unwrap();
+            check_rows(&p_wait, s, &ids, format);
+            p_wait.release_step(s).unwrap();
+        }
+    }
+    // PLE_RING_WAIT: seq s + 2 maps to the slot of the unconsumed step s (the other slot is
+    // free): the submit waits until another thread releases step s
+    let (s, ids) = pending.pop_front().unwrap();
+    let b = random_batch(&mut rng, 1, 1);
+    let next_ids = ids_of(&p_wait, &b);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            check_rows(&p_wait, s, &ids, format);
+            p_wait.release_step(s).unwrap();
+        });
+        p_wait.submit(&b.view(), s + 2).unwrap(); // blocks until step s is released
+    });
+    check_rows(&p_wait, s + 2, &next_ids, format);
+}
+
+/// A handle opened without a CUDA device answers every GPU entry point with
+/// CUDA_UNAVAILABLE, and reports no device waits.
+#[test]
+fn cpu_handle_gpu_entry_points_are_cuda_unavailable() {
+    let d = make_table(RowFormat::Nvfp4, 2000);
+    let p = open(d.path(), |_| {});
+    assert!(p.sh.gpu.is_none());
+    let null = std::ptr::null_mut();
+    let errs = [
+        p.graph_prepare(null, 1).unwrap_err(),
+        p.dequant_fuse_graph(null, 8, 0x1000, ffi::PLE_DTYPE_F32, 2560, 0)
+            .unwrap_err(),
+        p.check_device().unwrap_err(),
+        p.dequant_fuse(null, 1, 0x1000, ffi::PLE_DTYPE_F32, 2560, 0)
+            .unwrap_err(),
+    ];
+    for e in errs {
+        assert_eq!(e.status(), ffi::PLE_E_CUDA_UNAVAILABLE, "{e}");
+        assert!(e.to_string().contains("cuda_device = -1"), "{e}");
+    }
+    assert_eq!(p.table_info().device_wait_supported, 0);
+}
+
+/// `cuda_device = 0` on a machine without a CUDA driver: `Pipeline::open` and `ple_open` fail
+/// with CUDA_UNAVAILABLE and a message that says what to do. (Skipped where a driver loads.)
+#[test]
+fn cuda_device_without_driver_is_cuda_unavailable() {
+    if crate::cuda::probe_driver().is_ok() {
+        eprintln!("a CUDA driver is present: not checking the no-driver error");
+        return;
+    }
+    let d = make_table(RowFormat::Nvfp4, 2000);
+    let o = OpenOptions {
+        max_tokens_per_step: 64,
+        num_threads: 1,
+        cuda_device: 0,
+        ..OpenOptions::default()
+    };
+    let e = Pipeline::open(d.path(), o.clone())
+        .err()
+        .expect("open must fail");
+    assert_eq!(e.status(), ffi::PLE_E_CUDA_UNAVAILABLE, "{e}");
+
+    let dir = std::ffi::CString::new(d.path().to_str().unwrap()).unwrap();
+    let c = o.to_c();
+    let mut h = std::ptr::null_mut();
+    let st = unsafe { ffi::ple_open(dir.as_ptr(), &c, &mut h) };
+    assert_eq!(st, ffi::PLE_E_CUDA_UNAVAILABLE);
+    assert!(h.is_null());
+    let msg = unsafe { CStr::from_ptr(ffi::ple_last_error_message()) }
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("CUDA unavailable"), "{msg}");
+    assert!(msg.contains("libcuda"), "{msg}");
+    assert!(msg.contains("cuda_device = -1"), "{msg}");
+}

@@ -611,7 +611,8 @@ fn copy_c_string(dst: &mut [std::ffi::c_char], s: &str) {
     }
 }
 
-/// The facts `ple_table_info` reports about a table (`device_wait_supported` is 0 here).
+/// The facts `ple_table_info` reports about a table (`device_wait_supported` is 0 here; the
+/// pipeline sets it for a handle with a GPU).
 pub fn table_info(t: &Table) -> crate::ffi::ple_table_info {
     let m = t.meta();
     let mut info = crate::ffi::ple_table_info {
