@@ -1,5 +1,5 @@
 //! The C ABI. Thin: every export checks its arguments, converts them to safe Rust values, calls the
-//! core, and maps the result to a status code. One macro ([`ffi_guard!`]) wraps every body so no
+//! core, and maps the result to a status code. One macro (`ffi_guard!`) wraps every body so no
 //! panic crosses into C and every error leaves its text for `ple_last_error_message()`.
 //!
 //! Conventions for every function below: pointer arguments are checked for NULL; a status `< 0`
