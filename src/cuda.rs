@@ -1451,6 +1451,105 @@ impl Drop for GpuSide {
     }
 }
 
+/// A stand-in for an engine's CUDA side, for the demo and tools: the device's primary context
+/// (retained), a stream of its own and one device buffer. libple's handle only borrows the stream.
+pub struct EngineStream {
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+    buf: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl EngineStream {
+    /// Retains `device`'s primary context and creates a stream and a `bytes`-byte buffer.
+    pub fn new(device: i32, bytes: usize) -> Result<EngineStream> {
+        probe_driver()?;
+        // SAFETY: the driver is present with every symbol used here (probed above).
+        ck(unsafe { sys::cuInit(0) }, "cuInit")?;
+        let mut dev: sys::CUdevice = 0;
+        ck(unsafe { sys::cuDeviceGet(&mut dev, device) }, "cuDeviceGet")?;
+        let mut e = EngineStream {
+            dev,
+            ctx: std::ptr::null_mut(),
+            stream: std::ptr::null_mut(),
+            buf: 0,
+            bytes,
+        };
+        ck(
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut e.ctx, dev) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
+        let _g = CtxGuard::push(e.ctx)?;
+        ck(
+            unsafe {
+                sys::cuStreamCreate(
+                    &mut e.stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                )
+            },
+            "cuStreamCreate",
+        )?;
+        ck(
+            unsafe { sys::cuMemAlloc_v2(&mut e.buf, bytes) },
+            "cuMemAlloc",
+        )?;
+        ck(unsafe { sys::cuMemsetD8_v2(e.buf, 0, bytes) }, "cuMemsetD8")?;
+        Ok(e)
+    }
+
+    /// The stream, as `ple_dequant_fuse` takes it.
+    pub fn stream(&self) -> *mut c_void {
+        self.stream as *mut c_void
+    }
+
+    /// The device buffer's address.
+    pub fn buffer(&self) -> u64 {
+        self.buf
+    }
+
+    /// Waits for the stream, then copies the first `out.len()` bytes of the buffer to `out`.
+    pub fn download(&self, out: &mut [u8]) -> Result<()> {
+        if out.len() > self.bytes {
+            return crate::invalid!(
+                "download of {} bytes from a {}-byte buffer",
+                out.len(),
+                self.bytes
+            );
+        }
+        let _g = CtxGuard::push(self.ctx)?;
+        ck(
+            unsafe { sys::cuStreamSynchronize(self.stream) },
+            "cuStreamSynchronize",
+        )?;
+        ck(
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, self.buf, out.len()) },
+            "cuMemcpyDtoH",
+        )
+    }
+}
+
+impl Drop for EngineStream {
+    fn drop(&mut self) {
+        if let Ok(_g) = CtxGuard::push(self.ctx) {
+            // SAFETY: created in new(); freed once.
+            unsafe {
+                if !self.stream.is_null() {
+                    let _ = sys::cuStreamSynchronize(self.stream);
+                    let _ = sys::cuStreamDestroy_v2(self.stream);
+                }
+                if self.buf != 0 {
+                    let _ = sys::cuMemFree_v2(self.buf);
+                }
+            }
+        }
+        if !self.ctx.is_null() {
+            // SAFETY: retained in new().
+            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1709,105 +1808,6 @@ mod tests {
         }
         for s in REQUIRED_SYMBOLS {
             assert!(called.contains(*s), "{s} is probed but never called");
-        }
-    }
-}
-
-/// A stand-in for an engine's CUDA side, for the demo and tools: the device's primary context
-/// (retained), a stream of its own and one device buffer. libple's handle only borrows the stream.
-pub struct EngineStream {
-    dev: sys::CUdevice,
-    ctx: sys::CUcontext,
-    stream: sys::CUstream,
-    buf: sys::CUdeviceptr,
-    bytes: usize,
-}
-
-impl EngineStream {
-    /// Retains `device`'s primary context and creates a stream and a `bytes`-byte buffer.
-    pub fn new(device: i32, bytes: usize) -> Result<EngineStream> {
-        probe_driver()?;
-        // SAFETY: the driver is present with every symbol used here (probed above).
-        ck(unsafe { sys::cuInit(0) }, "cuInit")?;
-        let mut dev: sys::CUdevice = 0;
-        ck(unsafe { sys::cuDeviceGet(&mut dev, device) }, "cuDeviceGet")?;
-        let mut e = EngineStream {
-            dev,
-            ctx: std::ptr::null_mut(),
-            stream: std::ptr::null_mut(),
-            buf: 0,
-            bytes,
-        };
-        ck(
-            unsafe { sys::cuDevicePrimaryCtxRetain(&mut e.ctx, dev) },
-            "cuDevicePrimaryCtxRetain",
-        )?;
-        let _g = CtxGuard::push(e.ctx)?;
-        ck(
-            unsafe {
-                sys::cuStreamCreate(
-                    &mut e.stream,
-                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                )
-            },
-            "cuStreamCreate",
-        )?;
-        ck(
-            unsafe { sys::cuMemAlloc_v2(&mut e.buf, bytes) },
-            "cuMemAlloc",
-        )?;
-        ck(unsafe { sys::cuMemsetD8_v2(e.buf, 0, bytes) }, "cuMemsetD8")?;
-        Ok(e)
-    }
-
-    /// The stream, as `ple_dequant_fuse` takes it.
-    pub fn stream(&self) -> *mut c_void {
-        self.stream as *mut c_void
-    }
-
-    /// The device buffer's address.
-    pub fn buffer(&self) -> u64 {
-        self.buf
-    }
-
-    /// Waits for the stream, then copies the first `out.len()` bytes of the buffer to `out`.
-    pub fn download(&self, out: &mut [u8]) -> Result<()> {
-        if out.len() > self.bytes {
-            return crate::invalid!(
-                "download of {} bytes from a {}-byte buffer",
-                out.len(),
-                self.bytes
-            );
-        }
-        let _g = CtxGuard::push(self.ctx)?;
-        ck(
-            unsafe { sys::cuStreamSynchronize(self.stream) },
-            "cuStreamSynchronize",
-        )?;
-        ck(
-            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, self.buf, out.len()) },
-            "cuMemcpyDtoH",
-        )
-    }
-}
-
-impl Drop for EngineStream {
-    fn drop(&mut self) {
-        if let Ok(_g) = CtxGuard::push(self.ctx) {
-            // SAFETY: created in new(); freed once.
-            unsafe {
-                if !self.stream.is_null() {
-                    let _ = sys::cuStreamSynchronize(self.stream);
-                    let _ = sys::cuStreamDestroy_v2(self.stream);
-                }
-                if self.buf != 0 {
-                    let _ = sys::cuMemFree_v2(self.buf);
-                }
-            }
-        }
-        if !self.ctx.is_null() {
-            // SAFETY: retained in new().
-            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
         }
     }
 }
