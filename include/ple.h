@@ -79,7 +79,8 @@
 #define PLE_FUSE_ACCUMULATE 1
 
 /**
- * Prefetch policy: issue WILLNEED when a step has at least `prefetch_min_rows` rows.
+ * Prefetch policy: issue WILLNEED when a step has at least `prefetch_min_rows` rows, unless a
+ * residency sample (mincore of one page per 1,024 rows, at most 16) finds its pages cached.
  */
 #define PLE_PREFETCH_AUTO 0
 
@@ -327,7 +328,8 @@ typedef struct ple_counters {
    */
   size_t struct_size;
   /**
-   * Steps completed, prefill (any span longer than one token) and decode apart.
+   * Steps completed, prefill and decode apart: a step is prefill when some request's span in it
+   * has more than 8 tokens, so speculative verification of up to 8 tokens counts as decode.
    */
   uint64_t prefill_steps;
   uint64_t decode_steps;
@@ -351,7 +353,7 @@ typedef struct ple_counters {
    */
   uint64_t prefetch_steps;
   /**
-   * Page faults taken by the worker threads while gathering.
+   * Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
    */
   uint64_t major_faults;
   uint64_t minor_faults;

@@ -85,6 +85,15 @@ pub struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Repetitions of each measured step shape (more: steadier percentiles, longer run).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Gather threads of the handle (0 = number of CPUs).
+    #[arg(long, default_value_t = 0)]
+    pub threads: u32,
+    /// Skip the cold (page cache evicted) measurements.
+    #[arg(long)]
+    pub warm_only: bool,
 }
 
 /// `ple demo [--work-dir DIR]`
@@ -339,8 +348,8 @@ pub fn lookup_ids(params: &crate::model::HashParams, tokens: &[i32]) -> Result<V
     Ok(out.chunks(heads).map(|c| c.to_vec()).collect())
 }
 
-pub fn bench(_a: BenchArgs) -> Result<()> {
-    Err(Error::Unsupported("ple bench: not implemented yet".into()))
+pub fn bench(a: BenchArgs) -> Result<()> {
+    crate::bench::run(&a)
 }
 
 pub fn demo(a: DemoArgs) -> Result<()> {

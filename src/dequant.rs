@@ -192,6 +192,20 @@ fn canon(x: f32) -> f32 {
     }
 }
 
+/// f32 → bf16 bits, round to nearest even; any NaN becomes the canonical `0x7FC0`. Branch-free so the loops
+/// using it vectorise.
+#[inline(always)]
+fn f32_to_bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
+    let nan = 0x7FC0;
+    (if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        rounded
+    }) as u16
+}
+
 fn store(vals: &[f32; PLE_EMBED_DIM], out: OutRow<'_>, accumulate: bool, tmp: &mut [f32]) {
     match out {
         OutRow::F32(o) => {
@@ -206,6 +220,7 @@ fn store(vals: &[f32; PLE_EMBED_DIM], out: OutRow<'_>, accumulate: bool, tmp: &m
             }
         }
         OutRow::F16(o) => {
+            // half converts with F16C where the CPU has it (round to nearest even either way)
             if accumulate {
                 o.convert_to_f32_slice(tmp);
                 for (t, v) in tmp.iter_mut().zip(vals) {
@@ -220,16 +235,15 @@ fn store(vals: &[f32; PLE_EMBED_DIM], out: OutRow<'_>, accumulate: bool, tmp: &m
         }
         OutRow::Bf16(o) => {
             if accumulate {
-                o.convert_to_f32_slice(tmp);
-                for (t, v) in tmp.iter_mut().zip(vals) {
-                    *t = canon(*t + *v);
+                for (o, v) in o.iter_mut().zip(vals) {
+                    let x = f32::from_bits((o.to_bits() as u32) << 16) + *v;
+                    *o = bf16::from_bits(f32_to_bf16_bits(x));
                 }
             } else {
-                for (t, v) in tmp.iter_mut().zip(vals) {
-                    *t = canon(*v);
+                for (o, v) in o.iter_mut().zip(vals) {
+                    *o = bf16::from_bits(f32_to_bf16_bits(*v));
                 }
             }
-            o.convert_from_f32_slice(tmp);
         }
     }
 }
@@ -279,8 +293,17 @@ pub fn dequant_rows(
         );
     }
     let one = |t: usize, o: OutRow<'_>, vals: &mut [f32; PLE_EMBED_DIM], tmp: &mut [f32]| {
-        d.token_f32(&rows[t * tok_bytes..(t + 1) * tok_bytes], vals);
-        store(vals, o, accumulate, tmp);
+        let src = &rows[t * tok_bytes..(t + 1) * tok_bytes];
+        match o {
+            // f32 without accumulate: straight into the output
+            OutRow::F32(o) if !accumulate => {
+                d.token_f32(src, o.try_into().expect("2560 elements"));
+            }
+            o => {
+                d.token_f32(src, vals);
+                store(vals, o, accumulate, tmp);
+            }
+        }
     };
     // Each task owns `TOKENS_PER_TASK` output rows (disjoint sub-slices of `out`).
     macro_rules! run {
@@ -383,6 +406,36 @@ pub unsafe fn dequant_raw(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_rounding_matches_half() {
+        let mut x = 1u64;
+        let check = |b: u32| {
+            let f = f32::from_bits(b);
+            let want = bf16::from_f32(f);
+            let got = f32_to_bf16_bits(f);
+            if f.is_nan() {
+                assert!(bf16::from_bits(got).is_nan(), "{b:#x}");
+            } else {
+                assert_eq!(got, want.to_bits(), "{b:#x}");
+            }
+        };
+        for b in [
+            0u32,
+            0x8000_0000,
+            0x7F7F_FFFF,
+            0xFF7F_FFFF,
+            0x7F80_0000,
+            0x3F80_8000,
+            0x3F81_8000,
+        ] {
+            check(b);
+        }
+        for _ in 0..1_000_000 {
+            x = crate::model::splitmix64(x);
+            check(x as u32);
+        }
+    }
 
     #[test]
     fn e4m3_known_values() {

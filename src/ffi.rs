@@ -77,7 +77,8 @@ pub const PLE_DTYPE_BF16: i32 = 2;
 /// `ple_dequant_*` flag: add into `out` instead of overwriting it.
 pub const PLE_FUSE_ACCUMULATE: u32 = 1;
 
-/// Prefetch policy: issue WILLNEED when a step has at least `prefetch_min_rows` rows.
+/// Prefetch policy: issue WILLNEED when a step has at least `prefetch_min_rows` rows, unless a
+/// residency sample (mincore of one page per 1,024 rows, at most 16) finds its pages cached.
 pub const PLE_PREFETCH_AUTO: i32 = 0;
 /// Prefetch policy: always issue WILLNEED before gathering.
 pub const PLE_PREFETCH_ALWAYS: i32 = 1;
@@ -236,7 +237,8 @@ pub struct ple_table_info {
 pub struct ple_stats {
     /// Set by the caller to `sizeof(ple_counters)`.
     pub struct_size: usize,
-    /// Steps completed, prefill (any span longer than one token) and decode apart.
+    /// Steps completed, prefill and decode apart: a step is prefill when some request's span in it
+    /// has more than 8 tokens, so speculative verification of up to 8 tokens counts as decode.
     pub prefill_steps: u64,
     pub decode_steps: u64,
     /// Tokens and rows gathered, prefill and decode apart.
@@ -250,7 +252,7 @@ pub struct ple_stats {
     pub pages_prefetched: u64,
     /// Steps that issued a prefetch.
     pub prefetch_steps: u64,
-    /// Page faults taken by the worker threads while gathering.
+    /// Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
     pub major_faults: u64,
     pub minor_faults: u64,
     /// Bytes the worker threads caused to be read from storage (`/proc/thread-self/io` read_bytes).

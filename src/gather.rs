@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::prefetch::{PAGE_SHIFT, PageRange, PageSet};
-use crate::stats::{IoDelta, measure};
+use crate::stats::{IoDelta, measure, measure_tail};
 use rayon::prelude::*;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -83,7 +83,7 @@ pub fn gather(
             });
             Ok(total)
         }
-        _ => Ok(measure(false, || gather_serial(src, row_bytes, ids, out)).1),
+        _ => Ok(measure_tail(|| gather_serial(src, row_bytes, ids, out)).1),
     }
 }
 

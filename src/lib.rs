@@ -5,6 +5,8 @@
 //! request [`context`], [`prefetch`], [`gather`], the step [`pipeline`], [`cuda`], [`dequant`],
 //! [`stats`], and the C boundary [`ffi`].
 
+pub mod bench;
+mod bench_corpus;
 pub mod checkpoint;
 pub mod cli;
 pub mod context;

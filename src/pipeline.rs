@@ -197,8 +197,22 @@ impl OpenOptions {
 const WAIT_SPIN: Duration = Duration::from_micros(50);
 /// How long the worker spins for the next job before blocking (back-to-back decode steps).
 const WORKER_SPIN: Duration = Duration::from_micros(50);
+/// Within a spin, pure busy-waiting lasts this long; after it the spinner yields the CPU on each
+/// round, so on a machine with fewer free CPUs than spinning threads it does not starve the
+/// thread it waits for.
+const BUSY_SPIN: Duration = Duration::from_micros(4);
+
+/// One round of a spin that started at `start`: busy at first, then yielding.
+#[inline]
+fn spin_round(start: Instant, i: u32) {
+    if i >= 64 && start.elapsed() > BUSY_SPIN {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
 /// Steps with at least this many tokens are hashed in parallel on the pool.
-const PARALLEL_HASH_MIN_TOKENS: usize = 256;
+const PARALLEL_HASH_MIN_TOKENS: usize = 1024;
 /// Failed steps remembered for their waiters (oldest forgotten first).
 const MAX_FAILED_RECORDS: usize = 64;
 /// With a GPU, how often a parked submitter re-checks for slots freed by CUDA Graph replays.
@@ -254,7 +268,7 @@ struct Ring {
 
 /// What is known about a seq.
 enum StepStatus {
-    Pending,
+    Pending { rows: u32 },
     Ready { slot: usize, tokens: u32 },
     Consuming,
     Failed(Error),
@@ -273,7 +287,11 @@ impl Ring {
         }
         for (i, st) in self.slots.iter().enumerate() {
             match *st {
-                SlotState::Pending { seq: s, .. } if s == seq => return Ok(StepStatus::Pending),
+                SlotState::Pending { seq: s, tokens } if s == seq => {
+                    return Ok(StepStatus::Pending {
+                        rows: tokens.saturating_mul(crate::model::NUM_HEADS as u32),
+                    });
+                }
                 SlotState::Ready { seq: s, tokens } if s == seq => {
                     return Ok(StepStatus::Ready { slot: i, tokens });
                 }
@@ -352,6 +370,8 @@ struct Shared {
     waiters: AtomicUsize,
     /// Highest seq published (steps complete in submission order).
     done: AtomicU64,
+    /// Highest seq whose counters are recorded (a few µs after `done`).
+    accounted: AtomicU64,
     stats: Stats,
     closing: AtomicBool,
     #[cfg(test)]
@@ -425,13 +445,12 @@ impl Shared {
     }
 
     /// Publishes a finished step: its slot becomes Ready (or Free with the error recorded), then
-    /// `done = seq` (Release), then waiters are woken.
-    fn publish(&self, job: &Job, result: Result<StepRecord>) {
+    /// `done = seq` (Release), then waiters are woken. Returns the submit→done time.
+    fn publish(&self, job: &Job, result: std::result::Result<(), Error>) -> u64 {
         let mut ring = lock(&self.ring);
+        let step_ns = stats::ns(job.submitted.elapsed());
         match result {
-            Ok(mut rec) => {
-                rec.step_ns = stats::ns(job.submitted.elapsed());
-                self.stats.record_step(&rec);
+            Ok(()) => {
                 // (GPU mode: a slot a dequant_fuse claimed, or already freed, is left alone.)
                 if let SlotState::Pending { seq, tokens } = ring.slots[job.slot] {
                     if seq == job.seq {
@@ -464,6 +483,7 @@ impl Shared {
         self.done.store(job.seq, Ordering::Release);
         drop(ring);
         self.notify();
+        step_ns
     }
 
     /// Frees a consumed slot.
@@ -579,7 +599,8 @@ impl Shared {
         let t0 = Instant::now();
         w.ids.clear();
         w.ids.resize(n * heads, 0);
-        let hash_chunk = |(ids, (toks, ctx)): (&mut [u64], (&[i32], &[i32]))| {
+        let total_rows = self.table.meta().total_rows;
+        let hash_chunk = |(ids, (toks, ctx)): (&mut [u64], (&[i32], &[i32]))| -> Result<()> {
             for ((o, &t), c) in ids
                 .chunks_exact_mut(heads)
                 .zip(toks)
@@ -587,6 +608,7 @@ impl Shared {
             {
                 self.hasher.ids(t, c, o);
             }
+            gather::check_ids(ids, total_rows)
         };
         if n >= PARALLEL_HASH_MIN_TOKENS && self.pool().current_num_threads() > 1 {
             const CH: usize = 64;
@@ -594,28 +616,37 @@ impl Shared {
                 w.ids
                     .par_chunks_mut(CH * heads)
                     .zip(job.tokens.par_chunks(CH).zip(job.ctx.par_chunks(CH * k)))
-                    .for_each(hash_chunk)
-            });
+                    .try_for_each(hash_chunk)
+            })?;
         } else {
-            hash_chunk((&mut w.ids[..], (&job.tokens[..], &job.ctx[..])));
+            hash_chunk((&mut w.ids[..], (&job.tokens[..], &job.ctx[..])))?;
         }
-        gather::check_ids(&w.ids, self.table.meta().total_rows)?;
         let t1 = Instant::now();
         rec.hash_ns = stats::ns(t1 - t0);
-        self.check_closing()?;
 
-        // page set, prefetch decision, gather (overlapped with the prefetch when it pays)
-        w.pages_builder.build(&w.ids, rb, &mut w.pages);
-        rec.unique_pages = w.pages.len() as u64;
+        // prefetch decision (AUTO: big steps, unless a residency sample finds their pages cached)
+        // and, when prefetching, the step's sorted page ranges. Steps that do not prefetch count
+        // their distinct pages after they are published (off the critical path).
         let prefetch = match self.opts.prefetch_policy {
             ffi::PLE_PREFETCH_ALWAYS => true,
             ffi::PLE_PREFETCH_NEVER => false,
-            // AUTO: big steps, unless a residency sample finds their pages cached
             _ => {
                 w.ids.len() >= self.opts.prefetch_min_rows as usize
-                    && !prefetch::sample_resident(self.table.bytes(), &w.pages)
+                    && !prefetch::sample_resident(
+                        self.table.bytes(),
+                        &w.ids,
+                        rb,
+                        (w.ids.len() / 1024).clamp(1, prefetch::RESIDENCY_SAMPLE),
+                    )
             }
         };
+        if prefetch {
+            w.pages_builder.build(&w.ids, rb, &mut w.pages);
+            rec.unique_pages = w.pages.len() as u64;
+        } else {
+            w.count_pages_later = true;
+        }
+        self.check_closing()?;
         let t2 = Instant::now();
         rec.prefetch_ns = stats::ns(t2 - t1);
         self.check_closing()?;
@@ -704,6 +735,8 @@ struct WorkerScratch {
     ids: Vec<u64>,
     pages_builder: PageSetBuilder,
     pages: PageSet,
+    /// The last step's distinct pages are still to be counted (from `ids`).
+    count_pages_later: bool,
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
@@ -730,7 +763,7 @@ fn recv_spin(rx: &mpsc::Receiver<Job>) -> Option<Job> {
         if i % 32 == 0 && start.elapsed() > WORKER_SPIN {
             return rx.recv().ok();
         }
-        std::hint::spin_loop();
+        spin_round(start, i);
     }
 }
 
@@ -738,6 +771,7 @@ fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Job>) {
     stats::thread_read_bytes_delta();
     let mut w = WorkerScratch::default();
     while let Some(job) = recv_spin(&rx) {
+        w.count_pages_later = false;
         let r = if sh.closing.load(Ordering::Relaxed) {
             Err(Error::State(
                 "the handle was closed before the step ran".into(),
@@ -753,7 +787,21 @@ fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Job>) {
                 },
             )
         };
-        sh.publish(&job, r);
+        match r {
+            Ok(mut rec) => {
+                rec.step_ns = sh.publish(&job, Ok(()));
+                // accounting after the step is visible to its waiter
+                if w.count_pages_later {
+                    rec.unique_pages =
+                        w.pages_builder.count_unique(&w.ids, sh.table.row_bytes()) as u64;
+                }
+                sh.stats.record_step(&rec);
+            }
+            Err(e) => {
+                sh.publish(&job, Err(e));
+            }
+        }
+        sh.accounted.store(job.seq, Ordering::Release);
     }
     stats::close_thread_io();
 }
@@ -874,6 +922,7 @@ impl Pipeline {
             cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
             done: AtomicU64::new(0),
+            accounted: AtomicU64::new(0),
             stats: Stats::default(),
             closing: AtomicBool::new(false),
             opts,
@@ -944,9 +993,22 @@ impl Pipeline {
         self.sh.graph_base.store(base_seq, Ordering::Release);
     }
 
+    /// Cumulative counters without the on-demand fields (no mincore: cheap). Includes every step
+    /// complete (`done`) at the call: a step's counters are recorded just after it is published,
+    /// so this waits for that (microseconds).
+    pub fn counters(&self) -> ple_stats {
+        let sh = &*self.sh;
+        let done = sh.done.load(Ordering::Acquire);
+        let t0 = Instant::now();
+        while sh.accounted.load(Ordering::Acquire) < done && t0.elapsed() < Duration::from_secs(1) {
+            std::thread::yield_now();
+        }
+        sh.stats.snapshot()
+    }
+
     /// Cumulative counters, with page-cache residency of the table and MemAvailable measured now.
     pub fn stats(&self) -> ple_stats {
-        let mut s = self.sh.stats.snapshot();
+        let mut s = self.counters();
         let (resident, total) = stats::residency(self.sh.table.bytes());
         s.resident_pages = resident;
         s.table_pages = total;
@@ -1070,13 +1132,21 @@ impl Pipeline {
     /// `Error::Timeout` past the timeout, `Error::State` for a seq never submitted or consumed.
     pub fn wait(&self, seq: u64, timeout_us: u64) -> Result<()> {
         let sh = &*self.sh;
-        match sh.status(&mut lock(&sh.ring), seq)? {
+        let rows = match sh.status(&mut lock(&sh.ring), seq)? {
             StepStatus::Failed(e) => return Err(e),
             StepStatus::Ready { .. } => return Ok(()),
             // (GPU mode: a dequant_fuse may claim a step before it is complete)
             StepStatus::Consuming if sh.done.load(Ordering::Acquire) >= seq => return Ok(()),
-            StepStatus::Pending | StepStatus::Consuming => {}
-        }
+            StepStatus::Consuming => usize::MAX,
+            StepStatus::Pending { rows } => rows as usize,
+        };
+        // Spin only for steps the worker gathers alone (small ones, done in microseconds): a
+        // spinning waiter would take a CPU from the pool gathering a big step.
+        let spin = if rows < gather::PARALLEL_MIN_ROWS {
+            WAIT_SPIN
+        } else {
+            Duration::ZERO
+        };
         let t0 = Instant::now();
         let timeout = match timeout_us {
             0 => Some(sh.opts.wait_timeout_us),
@@ -1087,10 +1157,10 @@ impl Pipeline {
         let mut i = 0u32;
         while sh.done.load(Ordering::Acquire) < seq {
             i += 1;
-            if i % 16 == 0 && t0.elapsed() > WAIT_SPIN {
+            if i % 16 == 0 && t0.elapsed() >= spin {
                 break;
             }
-            std::hint::spin_loop();
+            spin_round(t0, i);
         }
         let mut ok = true;
         if sh.done.load(Ordering::Acquire) < seq {
@@ -1128,7 +1198,7 @@ impl Pipeline {
                 "step {seq} is being consumed by a dequant call"
             ))),
             StepStatus::Failed(e) => Err(e),
-            StepStatus::Pending => Err(Error::State(format!("step {seq} is not complete"))),
+            StepStatus::Pending { .. } => Err(Error::State(format!("step {seq} is not complete"))),
         }
     }
 
@@ -1150,7 +1220,9 @@ impl Pipeline {
                 )));
             }
             StepStatus::Failed(e) => return Err(e),
-            StepStatus::Pending => return Err(Error::State(format!("step {seq} is not complete"))),
+            StepStatus::Pending { .. } => {
+                return Err(Error::State(format!("step {seq} is not complete")));
+            }
         };
         ring.slots[slot] = SlotState::Consuming { seq, tokens };
         drop(ring);
@@ -1164,12 +1236,26 @@ impl Pipeline {
     /// Releases step `seq`'s slot without dequantising (waits for the step first). Releasing a
     /// failed step forgets its error and succeeds.
     pub fn release_step(&self, seq: u64) -> Result<()> {
-        match self.consume(seq, |_, _| ()) {
-            Err(e) if e.status() != ffi::PLE_E_STATE && e.status() != ffi::PLE_E_TIMEOUT => {
-                // the step's own error: it is released now
+        let sh = &*self.sh;
+        let waited = self.wait(seq, 0);
+        let mut ring = lock(&sh.ring);
+        if let Some(i) = ring.failed.iter().position(|(s, _)| *s == seq) {
+            ring.failed.remove(i);
+            return Ok(());
+        }
+        waited?;
+        match ring.status(seq)? {
+            StepStatus::Ready { slot, .. } => {
+                ring.slots[slot] = SlotState::Free;
+                drop(ring);
+                sh.notify();
                 Ok(())
             }
-            r => r,
+            StepStatus::Consuming => Err(Error::State(format!(
+                "step {seq} is being consumed by a dequant call"
+            ))),
+            StepStatus::Failed(e) => Err(e),
+            StepStatus::Pending { .. } => Err(Error::State(format!("step {seq} is not complete"))),
         }
     }
 
@@ -1257,7 +1343,7 @@ impl Pipeline {
                         "step {seq} is already being consumed by another call"
                     )));
                 }
-                StepStatus::Pending | StepStatus::Ready { .. } => {}
+                StepStatus::Pending { .. } | StepStatus::Ready { .. } => {}
             }
             let tokens = match ring.slots[slot] {
                 SlotState::Pending { seq: s, tokens } | SlotState::Ready { seq: s, tokens }

@@ -123,23 +123,46 @@ fn check_rows(p: &Pipeline, seq: u64, ids: &[i64], format: RowFormat) {
 fn staging_layout_holds_every_tokens_rows() {
     for format in [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16] {
         let d = make_table(format, 3000);
-        let p = open(d.path(), |_| {});
-        let mut rng = Rng(format as u64 + 1);
-        // 3 requests of up to 120 tokens (parallel hash and gather) and a 1-token step
-        for (seq, b) in [
-            (1u64, random_batch(&mut rng, 3, 120)),
-            (2, random_batch(&mut rng, 1, 1)),
-            (5, random_batch(&mut rng, 17, 30)),
+        // every gather path: inline, pool, prefetch then gather, prefetch overlapped with gather
+        for policy in [
+            ffi::PLE_PREFETCH_AUTO,
+            ffi::PLE_PREFETCH_ALWAYS,
+            ffi::PLE_PREFETCH_NEVER,
         ] {
-            let ids = ids_of(&p, &b);
-            p.submit(&b.view(), seq).unwrap();
-            p.wait(seq, 0).unwrap();
-            check_rows(&p, seq, &ids, format);
-            // distinct tokens really got distinct rows (a stride bug would repeat token 0's)
-            if b.tokens.len() > 1 {
-                assert_ne!(ids[..16], ids[16..32]);
+            let p = open(d.path(), |o| {
+                o.prefetch_policy = policy;
+                o.max_tokens_per_step = 2048;
+            });
+            let mut rng = Rng(format as u64 + 1);
+            for (seq, b) in [
+                // 14 requests of up to 220 tokens (parallel hash and gather when > 1024 tokens)
+                (1u64, random_batch(&mut rng, 14, 220)),
+                (2, random_batch(&mut rng, 1, 1)),
+                (5, random_batch(&mut rng, 17, 30)),
+                (6, random_batch(&mut rng, 3, 7)),
+            ] {
+                let ids = ids_of(&p, &b);
+                if seq == 1 {
+                    assert!(b.tokens.len() > 1024, "{}", b.tokens.len());
+                }
+                p.submit(&b.view(), seq).unwrap();
+                p.wait(seq, 0).unwrap();
+                check_rows(&p, seq, &ids, format);
+                // distinct tokens really got distinct rows (a stride bug would repeat token 0's)
+                if b.tokens.len() > 1 {
+                    assert_ne!(ids[..16], ids[16..32]);
+                }
+                p.release_step(seq).unwrap();
             }
-            p.release_step(seq).unwrap();
+            let s = p.stats();
+            assert_eq!(
+                s.prefetch_steps,
+                if policy == ffi::PLE_PREFETCH_ALWAYS {
+                    4
+                } else {
+                    0
+                }
+            );
         }
     }
 }
@@ -509,9 +532,10 @@ fn stats_count_steps_pages_and_prefetch() {
         eprintln!("(page cache could not be evicted here: cold AUTO case not checked)");
         return;
     }
-    let cold = B::new(&[(5, 0, (200..260).collect())], None);
+    // 100 tokens = 1,600 rows: the prefetch is overlapped with the pool's gather
+    let cold = B::new(&[(5, 0, (200..300).collect())], None);
     q.submit(&cold.view(), 1).unwrap();
-    q.wait(1, 0).unwrap();
+    check_rows(&q, 1, &ids_of(&q, &cold), format);
     let s = q.stats();
     assert_eq!(s.prefetch_steps, 1);
     assert_eq!(s.pages_prefetched, pages(&ids_of(&q, &cold)));
@@ -734,4 +758,11 @@ fn cuda_device_without_driver_is_cuda_unavailable() {
     assert!(msg.contains("CUDA unavailable"), "{msg}");
     assert!(msg.contains("libcuda"), "{msg}");
     assert!(msg.contains("cuda_device = -1"), "{msg}");
+}
+
+#[test]
+fn pipeline_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Pipeline>();
+    check::<crate::ffi::ple_handle>();
 }

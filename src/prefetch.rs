@@ -38,6 +38,9 @@ const BITMAP_MIN_ROWS: usize = 4096;
 pub struct PageSetBuilder {
     scratch: Vec<u64>,
     bitmap: Vec<u64>,
+    /// Open-addressing set for [`PageSetBuilder::count_unique`]: (page + 1, generation).
+    table: Vec<(u64, u32)>,
+    generation: u32,
 }
 
 impl PageSet {
@@ -56,6 +59,24 @@ impl PageSet {
     pub fn is_empty(&self) -> bool {
         self.pages.is_empty()
     }
+
+    /// Rebuilds `ranges` from the sorted `pages`.
+    fn coalesce(&mut self) {
+        self.ranges.clear();
+        let mut cur: Option<PageRange> = None;
+        for &p in &self.pages {
+            match &mut cur {
+                Some(r) if r.first + r.count == p => r.count += 1,
+                _ => {
+                    if let Some(r) = cur.take() {
+                        self.ranges.push(r);
+                    }
+                    cur = Some(PageRange { first: p, count: 1 });
+                }
+            }
+        }
+        self.ranges.extend(cur);
+    }
 }
 
 fn first_last_page(row: u64, row_bytes: u64) -> (u64, u64) {
@@ -64,6 +85,73 @@ fn first_last_page(row: u64, row_bytes: u64) -> (u64, u64) {
 }
 
 impl PageSetBuilder {
+    /// The number of distinct pages of `rows`, without sorting (for steps that need no ranges): a
+    /// bitmap with test-and-set for big inputs, a hash set for small ones; both reused and left
+    /// clean.
+    pub fn count_unique(&mut self, rows: &[u64], row_bytes: usize) -> usize {
+        let rb = row_bytes as u64;
+        if rows.len() >= BITMAP_MIN_ROWS {
+            let max_page = rows
+                .iter()
+                .map(|&r| first_last_page(r, rb).1)
+                .max()
+                .unwrap_or(0);
+            let words = (max_page as usize >> 6) + 1;
+            if self.bitmap.len() < words {
+                self.bitmap.resize(words, 0);
+            }
+            let mut n = 0;
+            for &r in rows {
+                let (a, b) = first_last_page(r, rb);
+                for p in [a, b] {
+                    let w = &mut self.bitmap[(p >> 6) as usize];
+                    let bit = 1u64 << (p & 63);
+                    n += (*w & bit == 0) as usize;
+                    *w |= bit;
+                }
+            }
+            for &r in rows {
+                let (a, b) = first_last_page(r, rb);
+                self.bitmap[(a >> 6) as usize] = 0;
+                self.bitmap[(b >> 6) as usize] = 0;
+            }
+            return n;
+        }
+        let cap = (rows.len() * 4).next_power_of_two().max(64);
+        if self.table.len() < cap || self.generation == u32::MAX {
+            self.table.clear();
+            self.table.resize(cap.max(self.table.len()), (0, 0));
+            self.generation = 0;
+        }
+        self.generation += 1;
+        let g = self.generation;
+        let mask = self.table.len() - 1;
+        let mut n = 0;
+        for &r in rows {
+            let (a, b) = first_last_page(r, rb);
+            for p in [a, b] {
+                let key = p + 1;
+                let mut i = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask;
+                loop {
+                    let e = &mut self.table[i];
+                    if e.1 != g {
+                        *e = (key, g);
+                        n += 1;
+                        break;
+                    }
+                    if e.0 == key {
+                        break;
+                    }
+                    i = (i + 1) & mask;
+                }
+                if a == b {
+                    break;
+                }
+            }
+        }
+        n
+    }
+
     /// Fills `out` with the page set of `rows`.
     pub fn build(&mut self, rows: &[u64], row_bytes: usize, out: &mut PageSet) {
         out.pages.clear();
@@ -112,40 +200,28 @@ impl PageSetBuilder {
             self.scratch.dedup();
             out.pages.extend_from_slice(&self.scratch);
         }
-        let mut cur: Option<PageRange> = None;
-        for &p in &out.pages {
-            match &mut cur {
-                Some(r) if r.first + r.count == p => r.count += 1,
-                _ => {
-                    if let Some(r) = cur.take() {
-                        out.ranges.push(r);
-                    }
-                    cur = Some(PageRange { first: p, count: 1 });
-                }
-            }
-        }
-        out.ranges.extend(cur);
+        out.coalesce();
     }
 }
 
-/// Pages probed by [`sample_resident`].
-pub const RESIDENCY_SAMPLE: usize = 32;
+/// Most pages probed by [`sample_resident`] for one step (one per 1,024 rows, at least one).
+pub const RESIDENCY_SAMPLE: usize = 16;
 
-/// Whether `RESIDENCY_SAMPLE` pages spread evenly over `pages` are all in the page cache
-/// (`mincore`, one call per sampled page: ~2 µs each). A step whose sample is all resident is very
-/// likely (almost) entirely cached, and issuing WILLNEED for all its ranges would cost more than
-/// it saves (about 1 µs per range even when cached).
-pub fn sample_resident(map: &[u8], pages: &PageSet) -> bool {
-    let n = pages.len();
+/// Whether the first pages of `k` rows spread evenly over `rows` are all in the page cache
+/// (`mincore`, one call per sampled page: ~1–3 µs each). A step whose sample is all resident is
+/// very likely (almost) entirely cached, and issuing WILLNEED for all its ranges would cost more
+/// than it saves (about 1 µs per range even when cached).
+pub fn sample_resident(map: &[u8], rows: &[u64], row_bytes: usize, k: usize) -> bool {
+    let n = rows.len();
     if n == 0 {
         return true;
     }
     let ps = crate::stats::os_page_size() as u64;
-    let k = RESIDENCY_SAMPLE.min(n);
+    let k = k.clamp(1, n);
     let mut v = [0u8; 1];
     for j in 0..k {
-        let p = pages.pages[j * n / k];
-        let start = (p << PAGE_SHIFT) / ps * ps;
+        let r = rows[j * n / k];
+        let start = r * row_bytes as u64 / ps * ps;
         if start >= map.len() as u64 {
             continue;
         }
@@ -285,6 +361,20 @@ mod tests {
             }
         }
         // the bitmap is left clean for the next step
+        assert!(b.bitmap.iter().all(|&w| w == 0));
+        // the unsorted count agrees, across reuses of the builder
+        for (n, rb) in [
+            (50usize, 90u64),
+            (3000, 90),
+            (10, 320),
+            (700, 160),
+            (9000, 90),
+        ] {
+            let rows: Vec<u64> = (0..n as u64)
+                .map(|i| crate::model::splitmix64(i + rb) % 100_000)
+                .collect();
+            assert_eq!(b.count_unique(&rows, rb as usize), naive(&rows, rb).len());
+        }
         assert!(b.bitmap.iter().all(|&w| w == 0));
     }
 }

@@ -8,9 +8,11 @@
 //!   prompt chunk counts as prefill. Steps, tokens, rows and submit→done latency are split by it.
 //! - **unique pages**: distinct 4 KiB pages of the row file touched by the step's rows (a row's first
 //!   and last page), summed over steps. **pages prefetched**: pages covered by the WILLNEED ranges.
-//! - **faults**: `getrusage(RUSAGE_THREAD)` deltas measured on the thread that does the work, around
-//!   each piece of it (the worker thread for inline steps; each pool thread around each gather chunk
-//!   it runs), summed. Faults of other threads of the process are never counted.
+//! - **faults**: `getrusage(RUSAGE_THREAD)` deltas measured on the thread that does the work: each
+//!   pool thread around each gather chunk it runs; the worker thread, for the small steps it
+//!   gathers itself, from the end of its previous such gather to the end of this one (one syscall
+//!   per step; the worker does nothing else that faults in between). Summed. Faults of other
+//!   threads of the process are never counted.
 //! - **storage read bytes**: `read_bytes` of `/proc/thread-self/io` on the same threads. A thread's
 //!   count can only grow through a major fault or a WILLNEED it issued, so it is re-read (and the
 //!   delta since that thread's last reading added) only after a piece of work that took a major fault
@@ -230,6 +232,31 @@ pub fn measure<R>(read_io: bool, f: impl FnOnce() -> R) -> (R, IoDelta) {
         read_bytes: 0,
     };
     if read_io || d.major_faults > 0 {
+        d.read_bytes = thread_read_bytes_delta();
+    }
+    (r, d)
+}
+
+thread_local! {
+    /// (minor, major) faults of this thread at its last [`measure_tail`].
+    static LAST_FAULTS: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
+}
+
+/// Like [`measure`] with one `getrusage` instead of two: the faults counted are those of this
+/// thread since its previous `measure_tail` (the first call on a thread reads before `f` too).
+/// For a thread that does little else between calls (the worker between step gathers) this is
+/// the same count, a syscall cheaper.
+pub fn measure_tail<R>(f: impl FnOnce() -> R) -> (R, IoDelta) {
+    let (mi0, ma0) = LAST_FAULTS.with(|l| l.get()).unwrap_or_else(thread_faults);
+    let r = f();
+    let (mi1, ma1) = thread_faults();
+    LAST_FAULTS.with(|l| l.set(Some((mi1, ma1))));
+    let mut d = IoDelta {
+        minor_faults: mi1.saturating_sub(mi0),
+        major_faults: ma1.saturating_sub(ma0),
+        read_bytes: 0,
+    };
+    if d.major_faults > 0 {
         d.read_bytes = thread_read_bytes_delta();
     }
     (r, d)
