@@ -1,10 +1,8 @@
 //! Token streams for `ple bench`: real English text, word-level, mapped into the vocabulary.
 //!
-//! The text is a few paragraphs of public-domain 19th-century English (openings of Dickens' *A
-//! Tale of Two Cities* (1859), Austen's *Pride and Prejudice* (1813), Melville's *Moby-Dick*
-//! (1851), and Lincoln's Gettysburg Address (1863)), quoted from memory for benchmark input only.
-//! Words and punctuation marks are tokens (case kept, as tokenizers do); each distinct token
-//! string maps to a fixed id in `[0, vocab_size)` other than EOS.
+//! The text is [`crate::text::DOCUMENTS`] (public-domain English prose), split into word and
+//! punctuation tokens and mapped into the vocabulary exactly as the demo's streams are
+//! ([`crate::text::pieces`], [`crate::text::piece_id`]).
 //!
 //! A few paragraphs hold only ~360 distinct words and ~700 distinct bigrams, far fewer than a
 //! 2,048-token chunk of real text touches, so streams are generated: each next token follows the
@@ -13,51 +11,6 @@
 //! words by frequency (the long tail stands in for words this text lacks). That keeps English's
 //! Zipf-shaped word frequencies and gives about 30% distinct tokens, 65% distinct bigrams and 89%
 //! distinct trigrams per 2,048 tokens, close to running English prose. Every ~30 sentences a document ends with EOS.
-
-const TEXT: &str = "It was the best of times, it was the worst of times, it was the age of wisdom, \
-it was the age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was \
-the season of Light, it was the season of Darkness, it was the spring of hope, it was the winter of \
-despair, we had everything before us, we had nothing before us, we were all going direct to Heaven, \
-we were all going direct the other way; in short, the period was so far like the present period, \
-that some of its noisiest authorities insisted on its being received, for good or for evil, in the \
-superlative degree of comparison only. There were a king with a large jaw and a queen with a plain \
-face, on the throne of England; there were a king with a large jaw and a queen with a fair face, on \
-the throne of France. In both countries it was clearer than crystal to the lords of the State \
-preserves of loaves and fishes, that things in general were settled for ever. \
-It is a truth universally acknowledged, that a single man in possession of a good fortune, must be \
-in want of a wife. However little known the feelings or views of such a man may be on his first \
-entering a neighbourhood, this truth is so well fixed in the minds of the surrounding families, \
-that he is considered the rightful property of some one or other of their daughters. My dear Mr. \
-Bennet, said his lady to him one day, have you heard that Netherfield Park is let at last? Mr. \
-Bennet replied that he had not. But it is, returned she; for Mrs. Long has just been here, and she \
-told me all about it. Mr. Bennet made no answer. Do you not want to know who has taken it? cried \
-his wife impatiently. You want to tell me, and I have no objection to hearing it. This was \
-invitation enough. \
-Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my \
-purse, and nothing particular to interest me on shore, I thought I would sail about a little and \
-see the watery part of the world. It is a way I have of driving off the spleen and regulating the \
-circulation. Whenever I find myself growing grim about the mouth; whenever it is a damp, drizzly \
-November in my soul; whenever I find myself involuntarily pausing before coffin warehouses, and \
-bringing up the rear of every funeral I meet; and especially whenever my hypos get such an upper \
-hand of me, that it requires a strong moral principle to prevent me from deliberately stepping \
-into the street, and methodically knocking people's hats off, then, I account it high time to get \
-to sea as soon as I can. This is my substitute for pistol and ball. \
-Four score and seven years ago our fathers brought forth on this continent, a new nation, \
-conceived in Liberty, and dedicated to the proposition that all men are created equal. Now we are \
-engaged in a great civil war, testing whether that nation, or any nation so conceived and so \
-dedicated, can long endure. We are met on a great battle-field of that war. We have come to \
-dedicate a portion of that field, as a final resting place for those who here gave their lives \
-that that nation might live. It is altogether fitting and proper that we should do this. But, in a \
-larger sense, we can not dedicate, we can not consecrate, we can not hallow, this ground. The brave \
-men, living and dead, who struggled here, have consecrated it, far above our poor power to add or \
-detract. The world will little note, nor long remember what we say here, but it can never forget \
-what they did here. It is for us the living, rather, to be dedicated here to the unfinished work \
-which they who fought here have thus far so nobly advanced. It is rather for us to be here \
-dedicated to the great task remaining before us, that from these honored dead we take increased \
-devotion to that cause for which they gave the last full measure of devotion, that we here highly \
-resolve that these dead shall not have died in vain, that this nation, under God, shall have a new \
-birth of freedom, and that government of the people, by the people, for the people, shall not \
-perish from the earth.";
 
 /// Probability that the next token is drawn from the Zipf law instead of the Markov chain.
 pub const NOVELTY: f64 = 0.3;
@@ -84,40 +37,23 @@ pub struct Corpus {
     pub vocab_used: usize,
 }
 
-fn fnv1a(s: &str) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in s.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
 impl Corpus {
     pub fn new(vocab_size: u32, eos: i32) -> Corpus {
-        let mut words: Vec<String> = Vec::new();
-        let mut cur = String::new();
-        for c in TEXT.chars() {
-            if c.is_alphanumeric() || c == '\'' || c == '-' {
-                cur.push(c);
-            } else {
-                if !cur.is_empty() {
-                    words.push(std::mem::take(&mut cur));
-                }
-                if !c.is_whitespace() {
-                    words.push(c.to_string());
-                }
-            }
-        }
-        if !cur.is_empty() {
-            words.push(cur);
-        }
+        // the shared public-domain documents, split and mapped like the demo's streams
+        let words: Vec<String> = crate::text::DOCUMENTS
+            .iter()
+            .flat_map(|d| crate::text::pieces(d))
+            .collect();
         let id = |w: &str| {
-            let v = (fnv1a(w) % (vocab_size as u64 - 1)) as i32;
-            if v >= eos { v + 1 } else { v }
+            let v = crate::text::piece_id(w);
+            debug_assert!((v as u32) < vocab_size && v != eos);
+            v
         };
         let tokens: Vec<i32> = words.iter().map(|w| id(w)).collect();
-        let ends: Vec<bool> = words.iter().map(|w| w == "." || w == "?").collect();
+        let ends: Vec<bool> = words
+            .iter()
+            .map(|w| matches!(w.trim(), "." | "?" | "!"))
+            .collect();
         let mut next: std::collections::HashMap<i32, Vec<u32>> = Default::default();
         for (i, w) in tokens.windows(2).enumerate() {
             next.entry(w[0]).or_default().push(i as u32 + 1);
