@@ -601,13 +601,7 @@ impl Shared {
         w.ids.resize(n * heads, 0);
         let total_rows = self.table.meta().total_rows;
         let hash_chunk = |(ids, (toks, ctx)): (&mut [u64], (&[i32], &[i32]))| -> Result<()> {
-            for ((o, &t), c) in ids
-                .chunks_exact_mut(heads)
-                .zip(toks)
-                .zip(ctx.chunks_exact(k))
-            {
-                self.hasher.ids(t, c, o);
-            }
+            self.hasher.ids_for_tokens(toks, ctx, ids);
             gather::check_ids(ids, total_rows)
         };
         if n >= PARALLEL_HASH_MIN_TOKENS && self.pool().current_num_threads() > 1 {
