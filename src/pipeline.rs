@@ -42,8 +42,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-// HASH SEAM: the one line the integrator changes when hash.rs / context.rs land, to
-// `use crate::{context::{Tracker, resolve_contexts, validate_batch}, hash::Hasher};`
 use crate::context::{Tracker, resolve_contexts, validate_batch};
 use crate::hash::Hasher;
 
