@@ -63,6 +63,17 @@ cmake -S examples -B "$work/examples" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/examples" -j 2 >/dev/null
 ctest --test-dir "$work/examples" --output-on-failure
 
+step "GPU programs without a GPU: compile against PyPI's CUDA headers, reference dequant vs ml_dtypes"
+ffi-tests/gpu/check-local.sh "$so"
+# the C++ CUDA engine example, built against the CUDA runtime wheel; with no GPU it must say so and exit 0
+venv="${PLE_KERNEL_VENV:-${CARGO_TARGET_DIR:-target}/kernel-tools}"
+site=$("$venv/bin/python" -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))')
+g++ -std=c++17 -Wall -Wextra -Werror -I"$prefix/include" -I"$site/nvidia/cuda_runtime/include" \
+    -I"$site/nvidia/cuda_nvcc/include" examples/cuda_engine.cpp -o "$work/cuda_engine" \
+    -L"$prefix/lib" -lple "$site/nvidia/cuda_runtime/lib/libcudart.so.12" \
+    -Wl,-rpath,"$prefix/lib:$site/nvidia/cuda_runtime/lib"
+"$work/cuda_engine" "$work/examples/example-table"
+
 step "C tests under valgrind"
 for t in $(ctest --test-dir "$work/ffi" -N | sed -n 's/^ *Test *#[0-9]*: //p'); do
   exe="$work/ffi/$t"
