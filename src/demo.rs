@@ -576,47 +576,33 @@ pub fn run(work: &Path) -> Result<()> {
 
     println!();
     println!("  {:<34} {:>12} {:>12}", "", "cold", "warm");
-    let row = |k: &str, a: String, b: String| println!("  {k:<34} {a:>12} {b:>12}");
-    row(
-        "tokens / rows",
-        format!("{}/{}", cold.tokens, cold.rows),
-        format!("{}/{}", warm.tokens, warm.rows),
-    );
-    row(
-        "rows per token",
-        format!("{:.1}", cold.rows as f64 / cold.tokens as f64),
-        format!("{:.1}", warm.rows as f64 / warm.tokens as f64),
-    );
-    row(
-        "unique pages per token",
-        format!("{:.2}", cold.unique_pages as f64 / cold.tokens as f64),
-        format!("{:.2}", warm.unique_pages as f64 / warm.tokens as f64),
-    );
-    row(
-        "storage KiB per token",
-        format!("{:.2}", cold.storage_kib_per_token),
-        format!("{:.2}", warm.storage_kib_per_token),
-    );
-    row(
-        "prefill step p50 / p99 (ms)",
-        format!("{:.2}/{:.2}", cold.prefill_p50_ms, cold.prefill_p99_ms),
-        format!("{:.2}/{:.2}", warm.prefill_p50_ms, warm.prefill_p99_ms),
-    );
-    row(
-        "decode step p50 / p99 (ms)",
-        format!("{:.3}/{:.3}", cold.decode_p50_ms, cold.decode_p99_ms),
-        format!("{:.3}/{:.3}", warm.decode_p50_ms, warm.decode_p99_ms),
-    );
-    row(
-        "time: hash / prefetch (ms)",
-        format!("{:.2}/{:.2}", cold.hash_ms, cold.prefetch_ms),
-        format!("{:.2}/{:.2}", warm.hash_ms, warm.prefetch_ms),
-    );
-    row(
-        "time: gather / copy (ms)",
-        format!("{:.2}/{:.2}", cold.gather_ms, cold.copy_ms),
-        format!("{:.2}/{:.2}", warm.gather_ms, warm.copy_ms),
-    );
+    // one line of the summary: the same figure of the cold and the warm pass
+    let row = |k: &str, f: &dyn Fn(&PassReport) -> String| {
+        println!("  {k:<34} {:>12} {:>12}", f(&cold), f(&warm))
+    };
+    let per_token = |x: u64, r: &PassReport| x as f64 / r.tokens as f64;
+    row("tokens / rows", &|r| format!("{}/{}", r.tokens, r.rows));
+    row("rows per token", &|r| {
+        format!("{:.1}", per_token(r.rows, r))
+    });
+    row("unique pages per token", &|r| {
+        format!("{:.2}", per_token(r.unique_pages, r))
+    });
+    row("storage KiB per token", &|r| {
+        format!("{:.2}", r.storage_kib_per_token)
+    });
+    row("prefill step p50 / p99 (ms)", &|r| {
+        format!("{:.2}/{:.2}", r.prefill_p50_ms, r.prefill_p99_ms)
+    });
+    row("decode step p50 / p99 (ms)", &|r| {
+        format!("{:.3}/{:.3}", r.decode_p50_ms, r.decode_p99_ms)
+    });
+    row("time: hash / prefetch (ms)", &|r| {
+        format!("{:.2}/{:.2}", r.hash_ms, r.prefetch_ms)
+    });
+    row("time: gather / copy (ms)", &|r| {
+        format!("{:.2}/{:.2}", r.gather_ms, r.copy_ms)
+    });
     println!(
         "  cold 2,048-token chunk: prefetch off {off:.1} ms, on {on:.1} ms: speed-up {:.2}x",
         off / on.max(1e-9)
