@@ -548,28 +548,20 @@ pub fn run(work: &Path) -> Result<()> {
     };
     let decode_steps = 48;
     evict(&rows_path)?;
-    let cold = {
+    // the same engine script on a fresh handle, cold (pages evicted first) and then warm
+    let mut pass = |name: &str| -> Result<PassReport> {
         let h = Handle::open(&table_dir, PLE_PREFETCH_AUTO, -1)?;
         replay(
             &h,
             &meta,
             &rows_file,
             &script(decode_steps, 0),
-            "cold",
+            name,
             &mut v,
-        )?
+        )
     };
-    let warm = {
-        let h = Handle::open(&table_dir, PLE_PREFETCH_AUTO, -1)?;
-        replay(
-            &h,
-            &meta,
-            &rows_file,
-            &script(decode_steps, 0),
-            "warm",
-            &mut v,
-        )?
-    };
+    let cold = pass("cold")?;
+    let warm = pass("warm")?;
     let gpu = gpu_pass(&table_dir, &meta)?;
     let off = cold_chunk_ms(&table_dir, &rows_path, PLE_PREFETCH_NEVER)?;
     let on = cold_chunk_ms(&table_dir, &rows_path, PLE_PREFETCH_ALWAYS)?;

@@ -85,21 +85,27 @@ fn first_last_page(row: u64, row_bytes: u64) -> (u64, u64) {
 }
 
 impl PageSetBuilder {
+    /// Grows the (all-zero) bitmap to cover every page of `rows`; returns the words in use.
+    fn size_bitmap(&mut self, rows: &[u64], rb: u64) -> usize {
+        let max_page = rows
+            .iter()
+            .map(|&r| first_last_page(r, rb).1)
+            .max()
+            .unwrap_or(0);
+        let words = (max_page as usize >> 6) + 1;
+        if self.bitmap.len() < words {
+            self.bitmap.resize(words, 0);
+        }
+        words
+    }
+
     /// The number of distinct pages of `rows`, without sorting (for steps that need no ranges): a
     /// bitmap with test-and-set for big inputs, a hash set for small ones; both reused and left
     /// clean.
     pub fn count_unique(&mut self, rows: &[u64], row_bytes: usize) -> usize {
         let rb = row_bytes as u64;
         if rows.len() >= BITMAP_MIN_ROWS {
-            let max_page = rows
-                .iter()
-                .map(|&r| first_last_page(r, rb).1)
-                .max()
-                .unwrap_or(0);
-            let words = (max_page as usize >> 6) + 1;
-            if self.bitmap.len() < words {
-                self.bitmap.resize(words, 0);
-            }
+            self.size_bitmap(rows, rb);
             let mut n = 0;
             for &r in rows {
                 let (a, b) = first_last_page(r, rb);
@@ -161,15 +167,7 @@ impl PageSetBuilder {
         }
         let rb = row_bytes as u64;
         if rows.len() >= BITMAP_MIN_ROWS {
-            let max_page = rows
-                .iter()
-                .map(|&r| first_last_page(r, rb).1)
-                .max()
-                .unwrap_or(0);
-            let words = (max_page as usize >> 6) + 1;
-            if self.bitmap.len() < words {
-                self.bitmap.resize(words, 0);
-            }
+            let words = self.size_bitmap(rows, rb);
             for &r in rows {
                 let (a, b) = first_last_page(r, rb);
                 self.bitmap[(a >> 6) as usize] |= 1 << (a & 63);
