@@ -60,6 +60,27 @@ fn err<T>(msg: String) -> Result<T> {
 
 /// Shape checks that every use of a batch relies on: lengths, spans tiling the tokens, unique
 /// request ids, non-negative positions consecutive within each span.
+/// The first repeated id: `(j, i)` with `ids[j] == ids[i]`, `j < i`, `i` as small as possible.
+/// A decode batch has a few requests: compared pairwise (no hashing, no allocation); big
+/// batches go through a map.
+fn first_duplicate(ids: &[u64]) -> Option<(usize, usize)> {
+    if ids.len() <= 32 {
+        for i in 1..ids.len() {
+            if let Some(j) = ids[..i].iter().position(|&x| x == ids[i]) {
+                return Some((j, i));
+            }
+        }
+        return None;
+    }
+    let mut seen: HashMap<u64, usize> = HashMap::with_capacity(ids.len());
+    for (i, &id) in ids.iter().enumerate() {
+        if let Some(first) = seen.insert(id, i) {
+            return Some((first, i));
+        }
+    }
+    None
+}
+
 fn check_structure(b: &Batch) -> Result<()> {
     let n = b.tokens.len();
     if b.positions.len() != n {
@@ -103,13 +124,11 @@ fn check_structure(b: &Batch) -> Result<()> {
             b.query_start[r]
         ));
     }
-    let mut seen: HashMap<u64, usize> = HashMap::with_capacity(r);
-    for (i, &id) in b.request_ids.iter().enumerate() {
-        if let Some(first) = seen.insert(id, i) {
-            return err(format!(
-                "request id {id} appears twice in the batch (requests {first} and {i})"
-            ));
-        }
+    if let Some((first, i)) = first_duplicate(b.request_ids) {
+        return err(format!(
+            "request id {} appears twice in the batch (requests {first} and {i})",
+            b.request_ids[i]
+        ));
     }
     for i in 0..r {
         let span = b.span(i);
@@ -368,8 +387,21 @@ pub fn resolve_contexts(
     if ngram_size < 2 {
         return err(format!("ngram_size {ngram_size} < 2"));
     }
-    let k = ngram_size as usize - 1;
     check_structure(b)?;
+    resolve_contexts_checked(b, tracker, eos, ngram_size)
+}
+
+/// [`resolve_contexts`] for a batch whose structure [`validate_batch`] already checked.
+pub(crate) fn resolve_contexts_checked(
+    b: &Batch,
+    tracker: Option<&Tracker>,
+    eos: i32,
+    ngram_size: u32,
+) -> Result<Vec<i32>> {
+    if ngram_size < 2 {
+        return err(format!("ngram_size {ngram_size} < 2"));
+    }
+    let k = ngram_size as usize - 1;
     let r = b.num_requests();
     let owned;
     let pre: &[i32] = match (b.context, tracker) {

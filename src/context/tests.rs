@@ -639,3 +639,21 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// The pairwise duplicate search (small batches) and the map (big ones) both find the pair a
+    /// plain double loop finds: the smallest second index, with its first occurrence.
+    #[test]
+    fn first_duplicate_matches_double_loop(ids in proptest::collection::vec(0u64..40, 0..80)) {
+        let mut want = None;
+        'outer: for i in 0..ids.len() {
+            for j in 0..i {
+                if ids[j] == ids[i] {
+                    want = Some((j, i));
+                    break 'outer;
+                }
+            }
+        }
+        prop_assert_eq!(first_duplicate(&ids), want);
+    }
+}
