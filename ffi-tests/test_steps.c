@@ -104,6 +104,8 @@ int main(void) {
     CHECK(st.prefill_tokens + st.decode_tokens == PREFILL + 5 * REQS);
     CHECK(st.prefill_rows + st.decode_rows == 16ull * (PREFILL + 5 * REQS));
     CHECK(st.table_pages > 0 && st.resident_pages > 0);
+    /* queueing is part of each step's submit-to-done time */
+    CHECK(st.queue_ns <= st.prefill_step_ns + st.decode_step_ns);
 
     ple_close(h);
     free(ids);

@@ -391,6 +391,11 @@ typedef struct ple_counters {
    * On demand: MemAvailable from /proc/meminfo, bytes.
    */
   uint64_t mem_available_bytes;
+  /**
+   * Time steps spent between `ple_submit` and the worker starting them, summed: queueing
+   * behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
+   */
+  uint64_t queue_ns;
 } ple_counters;
 
 /**

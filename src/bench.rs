@@ -26,6 +26,7 @@ use crate::prefetch::PageSet;
 use crate::stats;
 use serde_json::{Value, json};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// One step's batch, owned.
@@ -249,6 +250,10 @@ impl AnonCopy {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
+
+// SAFETY: the copy is written only in `new`; afterwards it is read-only memory owned by the value.
+unsafe impl Send for AnonCopy {}
+unsafe impl Sync for AnonCopy {}
 
 impl Drop for AnonCopy {
     fn drop(&mut self) {
@@ -583,17 +588,28 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     // floor (c) (from an anonymous copy of the touched rows) — in rotating order, so drift of a
     // shared machine hits all three alike. Percentiles are over all rounds.
     let passes = sc(3).max(1);
-    let copy = AnonCopy::new(
+    let copy = Arc::new(AnonCopy::new(
         p.table().bytes(),
         rb,
         ids.iter().flatten().flatten().copied(),
-    )?;
+    )?);
     let mut floor: Vec<(String, Vec<u64>)> = Vec::new();
     let mut bare_all: Vec<Vec<u64>> = Vec::new();
     let mut stages: Vec<Value> = Vec::new();
     for ((s, st), v) in shapes.iter().zip(&steps).zip(&ids) {
         run_steps(&p, st, &mut seq, &s.name, "warm-up", 0)?;
-        time_gathers(copy.bytes(), rb, v, p.pool())?; // fault the copy's page tables in
+        // The bare gathers and the floor run on the pipeline's worker thread (and its pool), so
+        // the comparison is with the same thread, CPU and caches that gather the steps — on a VM
+        // two CPUs can differ by a third in this loop.
+        let v = Arc::new(v.clone());
+        let on_worker = |from_copy: bool| {
+            let (v, copy) = (v.clone(), copy.clone());
+            p.run_on_worker(move |t, pool| {
+                let src = if from_copy { copy.bytes() } else { t.bytes() };
+                time_gathers(src, rb, &v, pool)
+            })?
+        };
+        on_worker(true)?; // fault the copy's page tables in
         let c0 = p.counters();
         let mut run: Option<Run> = None;
         let (mut fl, mut bl) = (Vec::new(), Vec::new());
@@ -618,8 +634,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                             }
                         }
                     }
-                    1 => bl.extend(time_gathers(p.table().bytes(), rb, v, p.pool())?.0),
-                    _ => fl.extend(time_gathers(copy.bytes(), rb, v, p.pool())?.0),
+                    1 => bl.extend(on_worker(false)?.0),
+                    _ => fl.extend(on_worker(true)?.0),
                 }
             }
         }
@@ -628,6 +644,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let us = |a: u64, b: u64| (b - a) as f64 / n as f64 / 1e3;
         stages.push(json!({
             "shape": s.name,
+            "queue_us": us(c0.queue_ns, c1.queue_ns),
             "hash_us": us(c0.hash_ns, c1.hash_ns),
             "pages_and_prefetch_us": us(c0.prefetch_ns, c1.prefetch_ns),
             "gather_us": us(c0.gather_ns, c1.gather_ns),
@@ -739,7 +756,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             let n = sc(3).min(steps[i8x1].len());
             let res = evict(&maps, file);
             let io0 = stats::process_read_bytes().unwrap_or(0);
-            let (lat, io) = time_gathers(&normal, rb, &ids[i8x1][..n], p.pool())?;
+            let (r, mut io) = stats::measure(true, || {
+                time_gathers(&normal, rb, &ids[i8x1][..n], p.pool())
+            });
+            let (lat, pool_io) = r?;
+            io.add(pool_io);
             let tokens = (ids[i8x1][..n].iter().map(|v| v.len()).sum::<usize>() / 16) as u64;
             cold.push(Run {
                 shape: "decode 8x1".into(),
@@ -782,15 +803,18 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         );
     }
     println!();
-    println!("warm steps, worker stages (mean per step, µs):");
     println!(
-        "  {:<16} {:>9} {:>14} {:>9} {:>15} {:>9}",
-        "shape", "hash", "pages+prefetch", "gather", "submit->done", "prefetch"
+        "warm steps, stages (mean per step, µs; queue = submit until the worker starts the step):"
+    );
+    println!(
+        "  {:<16} {:>9} {:>9} {:>14} {:>9} {:>15} {:>9}",
+        "shape", "queue", "hash", "pages+prefetch", "gather", "submit->done", "prefetch"
     );
     for st in &stages {
         println!(
-            "  {:<16} {:>9.1} {:>14.1} {:>9.1} {:>15.1} {:>9}",
+            "  {:<16} {:>9.1} {:>9.1} {:>14.1} {:>9.1} {:>15.1} {:>9}",
             st["shape"].as_str().unwrap_or(""),
+            st["queue_us"].as_f64().unwrap_or(0.0),
             st["hash_us"].as_f64().unwrap_or(0.0),
             st["pages_and_prefetch_us"].as_f64().unwrap_or(0.0),
             st["gather_us"].as_f64().unwrap_or(0.0),
@@ -800,8 +824,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     println!();
     println!(
-        "warm step vs its gather alone: bare = the same gather from the mapped table on the calling \
-         thread/pool, memory floor (c) = from an anonymous copy of the touched rows (same pool):"
+        "warm step vs its gather alone, both run on the pipeline's worker thread (and pool): bare = \
+         the same gathers from the mapped table, memory floor (c) = from an anonymous copy of the \
+         touched rows:"
     );
     println!(
         "  {:<16} {:>12} {:>12} {:>12} {:>12}",

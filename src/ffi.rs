@@ -275,6 +275,9 @@ pub struct ple_stats {
     pub table_pages: u64,
     /// On demand: MemAvailable from /proc/meminfo, bytes.
     pub mem_available_bytes: u64,
+    /// Time steps spent between `ple_submit` and the worker starting them, summed: queueing
+    /// behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
+    pub queue_ns: u64,
 }
 
 thread_local! {

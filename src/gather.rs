@@ -4,8 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::prefetch::{PAGE_SHIFT, PageRange, PageSet};
-use crate::stats::{IoDelta, measure, measure_tail};
-use rayon::prelude::*;
+use crate::stats::{IoDelta, measure};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -51,7 +50,9 @@ pub fn check_ids(ids: &[u64], total_rows: u64) -> Result<()> {
 }
 
 /// Gathers `ids` into `out` (`out.len() >= ids.len() * row_bytes`), in parallel on `pool` for big
-/// sets, measuring faults and storage reads on every thread that does part of it.
+/// sets. Returns the faults and storage reads of the pool threads that did part of it; the
+/// calling thread's own are not measured here (a small set is gathered on the calling thread
+/// with no system call: the worker counts its thread's faults once per step, after publishing).
 pub fn gather(
     src: &[u8],
     row_bytes: usize,
@@ -59,6 +60,20 @@ pub fn gather(
     out: &mut [u8],
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<IoDelta> {
+    Ok(gather_with(src, row_bytes, ids, out, pool, || ())?.0)
+}
+
+/// [`gather`], running `side` on the calling thread meanwhile: while the pool gathers a big set,
+/// the calling thread (otherwise idle) does `side`; a small set is gathered first, then `side`
+/// runs. Returns the pool threads' faults and `side`'s result.
+pub fn gather_with<T>(
+    src: &[u8],
+    row_bytes: usize,
+    ids: &[u64],
+    out: &mut [u8],
+    pool: Option<&rayon::ThreadPool>,
+    side: impl FnOnce() -> T,
+) -> Result<(IoDelta, T)> {
     if out.len() < ids.len() * row_bytes {
         return crate::invalid!(
             "staging holds {} bytes, {} rows of {row_bytes} need {}",
@@ -72,18 +87,23 @@ pub fn gather(
     match pool {
         Some(pool) if ids.len() >= PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 => {
             let chunk = (ids.len() / (pool.current_num_threads() * 4)).max(256);
-            let total = pool.install(|| {
-                out.par_chunks_mut(chunk * row_bytes)
-                    .zip(ids.par_chunks(chunk))
-                    .map(|(o, i)| measure(false, || gather_serial(src, row_bytes, i, o)).1)
-                    .reduce(IoDelta::default, |mut a, b| {
-                        a.add(b);
-                        a
-                    })
+            let io = Mutex::new(IoDelta::default());
+            let r = pool.in_place_scope(|s| {
+                for (o, i) in out.chunks_mut(chunk * row_bytes).zip(ids.chunks(chunk)) {
+                    let io = &io;
+                    s.spawn(move |_| {
+                        let (_, d) = measure(false, || gather_serial(src, row_bytes, i, o));
+                        io.lock().unwrap_or_else(|p| p.into_inner()).add(d);
+                    });
+                }
+                side()
             });
-            Ok(total)
+            Ok((io.into_inner().unwrap_or_else(|p| p.into_inner()), r))
         }
-        _ => Ok(measure_tail(|| gather_serial(src, row_bytes, ids, out)).1),
+        _ => {
+            gather_serial(src, row_bytes, ids, out);
+            Ok((IoDelta::default(), side()))
+        }
     }
 }
 

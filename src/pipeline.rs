@@ -197,13 +197,17 @@ const WAIT_SPIN: Duration = Duration::from_micros(50);
 const WORKER_SPIN: Duration = Duration::from_micros(50);
 /// Within a spin, pure busy-waiting lasts this long; after it the spinner yields the CPU on each
 /// round, so on a machine with fewer free CPUs than spinning threads it does not starve the
-/// thread it waits for.
-const BUSY_SPIN: Duration = Duration::from_micros(4);
+/// thread it waits for. The worker waits for the caller's next submit (a microsecond or two
+/// after a step is consumed, in a tight loop); a waiter busy-waits through a whole small step
+/// (a decode step gathers in about 10 µs): a `sched_yield` while the step completes would add
+/// its own latency to the step's.
+const WORKER_BUSY_SPIN: Duration = Duration::from_micros(4);
+const WAIT_BUSY_SPIN: Duration = Duration::from_micros(20);
 
-/// One round of a spin that started at `start`: busy at first, then yielding.
+/// One round of a spin that started at `start`: busy for `busy`, then yielding.
 #[inline]
-fn spin_round(start: Instant, i: u32) {
-    if i >= 64 && start.elapsed() > BUSY_SPIN {
+fn spin_round(start: Instant, i: u32, busy: Duration) {
+    if i >= 64 && start.elapsed() > busy {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
@@ -215,6 +219,16 @@ const PARALLEL_HASH_MIN_TOKENS: usize = 1024;
 const MAX_FAILED_RECORDS: usize = 64;
 /// With a GPU, how often a parked submitter re-checks for slots freed by CUDA Graph replays.
 const GRAPH_POLL: Duration = Duration::from_micros(200);
+
+/// A closure run on the worker thread between steps, with the table and the pool.
+type OnWorker = Box<dyn FnOnce(&Table, &rayon::ThreadPool) + Send>;
+
+/// What the worker thread receives: a step, or a closure to run on the worker thread between
+/// steps (benchmarks measure a bare gather there, on the thread and CPU that gathers steps).
+enum Work {
+    Step(Job),
+    Run(OnWorker),
+}
 
 /// One step handed to the worker (owns copies of the caller's arrays).
 struct Job {
@@ -368,6 +382,9 @@ struct Shared {
     waiters: AtomicUsize,
     /// Highest seq published (steps complete in submission order).
     done: AtomicU64,
+    /// Highest seq that failed (0: none), stored before its `done`: a waiter that sees
+    /// `done >= seq > last_failed` knows its step succeeded without taking the ring's lock.
+    last_failed: AtomicU64,
     /// Highest seq whose counters are recorded (a few µs after `done`).
     accounted: AtomicU64,
     stats: Stats,
@@ -473,6 +490,7 @@ impl Shared {
                     ring.slots[job.slot] = SlotState::Free;
                 }
                 ring.failed.push_back((job.seq, e));
+                self.last_failed.fetch_max(job.seq, Ordering::Release);
                 while ring.failed.len() > MAX_FAILED_RECORDS {
                     ring.failed.pop_front();
                 }
@@ -587,6 +605,7 @@ impl Shared {
         let k = self.table.meta().ngram_size as usize - 1;
         let rb = self.table.row_bytes();
         let mut rec = StepRecord {
+            queue_ns: stats::ns(job.submitted.elapsed()),
             prefill: job.prefill,
             tokens: n as u64,
             rows: (n * heads) as u64,
@@ -644,16 +663,20 @@ impl Shared {
         self.check_closing()?;
         // SAFETY: the slot is Pending with this job: only the worker touches its buffer.
         let staging = unsafe { self.staging_mut(job.slot) };
+        // (the worker thread's faults are counted once per step, after publishing; here only
+        // the storage reads the advice started)
         let issue = |ranges: &[prefetch::PageRange]| {
-            let (r, io) = stats::measure(true, || {
-                prefetch::prefetch(
-                    self.table.file(),
-                    self.table.bytes(),
-                    ranges,
-                    prefetch::Advise::Fadvise,
-                )
-            });
-            r.map(|n| (n, io))
+            let n = prefetch::prefetch(
+                self.table.file(),
+                self.table.bytes(),
+                ranges,
+                prefetch::Advise::Fadvise,
+            )?;
+            let io = stats::IoDelta {
+                read_bytes: stats::thread_read_bytes_delta(),
+                ..Default::default()
+            };
+            Ok((n, io))
         };
         let pool = self.pool();
         if prefetch {
@@ -689,13 +712,21 @@ impl Shared {
                 rec.gather_ns = stats::ns(t3.elapsed());
             }
         } else {
-            rec.io.add(gather::gather(
-                self.table.bytes(),
-                rb,
-                &w.ids,
-                staging,
-                Some(pool),
-            )?);
+            // A big step gathers on the pool while this thread counts its distinct pages; a
+            // small one counts them after it is published (off the step's latency).
+            let big = w.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1;
+            let WorkerScratch {
+                ids, pages_builder, ..
+            } = &mut *w;
+            let (io, pages) =
+                gather::gather_with(self.table.bytes(), rb, ids, staging, Some(pool), || {
+                    big.then(|| pages_builder.count_unique(ids, rb))
+                })?;
+            rec.io.add(io);
+            if let Some(n) = pages {
+                rec.unique_pages = n as u64;
+                w.count_pages_later = false;
+            }
             rec.gather_ns = stats::ns(t2.elapsed());
         }
         // CUDA handles: host → device copy of the rows; it completes (and the GPU side publishes
@@ -742,7 +773,7 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Receives the next job, spinning briefly first (back-to-back steps skip the futex wake-up).
-fn recv_spin(rx: &mpsc::Receiver<Job>) -> Option<Job> {
+fn recv_spin(rx: &mpsc::Receiver<Work>) -> Option<Work> {
     let start = Instant::now();
     let mut i = 0u32;
     loop {
@@ -755,14 +786,24 @@ fn recv_spin(rx: &mpsc::Receiver<Job>) -> Option<Job> {
         if i % 32 == 0 && start.elapsed() > WORKER_SPIN {
             return rx.recv().ok();
         }
-        spin_round(start, i);
+        spin_round(start, i, WORKER_BUSY_SPIN);
     }
 }
 
-fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Job>) {
+fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
     stats::thread_read_bytes_delta();
+    stats::thread_io_since_last();
     let mut w = WorkerScratch::default();
-    while let Some(job) = recv_spin(&rx) {
+    while let Some(work) = recv_spin(&rx) {
+        let job = match work {
+            Work::Step(job) => job,
+            Work::Run(f) => {
+                // (a panic here drops the reply sender: the caller sees the error)
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| f(&sh.table, sh.pool())));
+                stats::thread_io_since_last(); // not a step's
+                continue;
+            }
+        };
         w.count_pages_later = false;
         let r = if sh.closing.load(Ordering::Relaxed) {
             Err(Error::State(
@@ -782,7 +823,9 @@ fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Job>) {
         match r {
             Ok(mut rec) => {
                 rec.step_ns = sh.publish(&job, Ok(()));
-                // accounting after the step is visible to its waiter
+                // accounting after the step is visible to its waiter: this thread's faults
+                // (and storage reads) since the previous step's, and the distinct pages
+                rec.io.add(stats::thread_io_since_last());
                 if w.count_pages_later {
                     rec.unique_pages =
                         w.pages_builder.count_unique(&w.ids, sh.table.row_bytes()) as u64;
@@ -791,6 +834,7 @@ fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Job>) {
             }
             Err(e) => {
                 sh.publish(&job, Err(e));
+                stats::thread_io_since_last();
             }
         }
         sh.accounted.store(job.seq, Ordering::Release);
@@ -799,7 +843,9 @@ fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Job>) {
 }
 
 struct SubmitState {
-    tx: Option<mpsc::Sender<Job>>,
+    tx: Option<mpsc::Sender<Work>>,
+    /// The ring's `last_seq`, read here without the ring's lock (both change only in `submit`).
+    last_seq: u64,
 }
 
 /// An open table with its step pipeline (what a `ple_handle` holds).
@@ -914,6 +960,7 @@ impl Pipeline {
             cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
             done: AtomicU64::new(0),
+            last_failed: AtomicU64::new(0),
             accounted: AtomicU64::new(0),
             stats: Stats::default(),
             closing: AtomicBool::new(false),
@@ -929,7 +976,10 @@ impl Pipeline {
             .map_err(|e| Error::io("starting the worker thread", e))?;
         Ok(Pipeline {
             sh,
-            submit_state: Mutex::new(SubmitState { tx: Some(tx) }),
+            submit_state: Mutex::new(SubmitState {
+                tx: Some(tx),
+                last_seq: 0,
+            }),
             tracker: Mutex::new(tracker),
             worker: Some(worker),
             pool_threads,
@@ -1012,16 +1062,13 @@ impl Pipeline {
     /// history on the calling thread, takes the next ring slot (waiting or failing per
     /// `ring_full_policy` while it holds an unconsumed step) and hands the step to the worker.
     pub fn submit(&self, b: &Batch, seq: u64) -> Result<()> {
-        let sub = lock(&self.submit_state);
+        let mut sub = lock(&self.submit_state);
         let sh = &*self.sh;
-        {
-            let ring = lock(&sh.ring);
-            if seq == 0 || seq <= ring.last_seq {
-                return Err(Error::State(format!(
-                    "seq {seq} must be greater than the last submitted seq {} (and not 0)",
-                    ring.last_seq
-                )));
-            }
+        let last_seq = sub.last_seq;
+        if seq == 0 || seq <= last_seq {
+            return Err(Error::State(format!(
+                "seq {seq} must be greater than the last submitted seq {last_seq} (and not 0)"
+            )));
         }
         let meta = sh.table.meta();
         validate_batch(b, meta.hash.vocab_size, sh.opts.max_tokens_per_step)?;
@@ -1036,7 +1083,12 @@ impl Pipeline {
         }
         let ctx = {
             let t = lock(&self.tracker);
-            resolve_contexts(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
+            crate::context::resolve_contexts_checked(
+                b,
+                Some(&t),
+                meta.hash.eos_token_id,
+                meta.ngram_size,
+            )?
         };
         let prefill = b
             .query_start
@@ -1083,14 +1135,15 @@ impl Pipeline {
         }
         let slot = free(&ring).expect("a free slot");
         sh.reclaim_graph_consumed(&mut ring);
-        let Some(tx) = sub.tx.as_ref() else {
+        if sub.tx.is_none() {
             return Err(Error::State("the handle is closing".into()));
-        };
+        }
         ring.slots[slot] = SlotState::Pending {
             seq,
             tokens: b.tokens.len() as u32,
         };
         ring.last_seq = seq;
+        sub.last_seq = seq;
         ring.next_slot = (slot + 1) % ring.slots.len();
         drop(ring);
         // Tracked history changes last, once nothing else can refuse the step.
@@ -1108,7 +1161,8 @@ impl Pipeline {
             prefill,
             submitted: Instant::now(),
         };
-        if tx.send(job).is_err() {
+        let tx = sub.tx.as_ref().expect("checked above, under the same lock");
+        if tx.send(Work::Step(job)).is_err() {
             // the worker is gone (cannot happen while the handle lives): record the failure
             let mut ring = lock(&sh.ring);
             ring.slots[slot] = SlotState::Free;
@@ -1152,7 +1206,7 @@ impl Pipeline {
             if i % 16 == 0 && t0.elapsed() >= spin {
                 break;
             }
-            spin_round(t0, i);
+            spin_round(t0, i, WAIT_BUSY_SPIN);
         }
         let mut ok = true;
         if sh.done.load(Ordering::Acquire) < seq {
@@ -1170,6 +1224,10 @@ impl Pipeline {
                 timeout.unwrap_or(u64::MAX),
                 sh.done.load(Ordering::Acquire)
             )));
+        }
+        // (`done >= seq` was read with Acquire: a failure of this step is visible here)
+        if seq > sh.last_failed.load(Ordering::Acquire) {
+            return Ok(());
         }
         match sh.status(&mut lock(&sh.ring), seq)? {
             StepStatus::Failed(e) => Err(e),
@@ -1428,6 +1486,30 @@ impl Pipeline {
     /// Forgets a request's tracked history (unknown ids are fine).
     pub fn release_request(&self, id: u64) {
         lock(&self.tracker).release(id);
+    }
+
+    /// Runs `f` on the worker thread, after the steps submitted before it, and returns its result
+    /// (for benchmarks: a gather timed there runs on the same thread, CPU and caches as the
+    /// steps' gathers, so comparing the two measures the pipeline and not thread placement).
+    pub fn run_on_worker<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Table, &rayon::ThreadPool) -> R + Send + 'static,
+    ) -> Result<R> {
+        let (rtx, rrx) = mpsc::channel();
+        {
+            let sub = lock(&self.submit_state);
+            let Some(tx) = sub.tx.as_ref() else {
+                return Err(Error::State("the handle is closing".into()));
+            };
+            let work = Work::Run(Box::new(move |t: &Table, p: &rayon::ThreadPool| {
+                let _ = rtx.send(f(t, p));
+            }));
+            if tx.send(work).is_err() {
+                return Err(Error::State("the worker thread has stopped".into()));
+            }
+        }
+        rrx.recv()
+            .map_err(|_| Error::Panic("the closure run on the worker thread panicked".into()))
     }
 
     /// Marks the handle as closing (from `ple_close`): queued steps are abandoned, waiters wake

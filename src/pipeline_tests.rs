@@ -507,14 +507,26 @@ fn stats_count_steps_pages_and_prefetch() {
     assert!(s.mem_available_bytes > 0);
     drop(p);
 
-    // NEVER: no prefetch whatever the size
+    // NEVER: no prefetch whatever the size; distinct pages still counted — for a step big
+    // enough for the pool, on the worker thread while the pool gathers; for a small one after
+    // it is published
     let q = open(d.path(), |o| o.prefetch_policy = ffi::PLE_PREFETCH_NEVER);
-    q.submit(&prefill.view(), 1).unwrap();
-    q.wait(1, 0).unwrap();
-    assert_eq!(
-        (q.stats().prefetch_steps, q.stats().pages_prefetched),
-        (0, 0)
+    let big = B::new(
+        &[(5, 0, (0..100).map(|i| (i * 7919) % 150_000).collect())],
+        None,
     );
+    assert!(big.tokens.len() * 16 >= gather::PARALLEL_MIN_ROWS);
+    let mut want_pages = 0;
+    for (seq, b) in [(1, &prefill), (2, &big), (3, &single)] {
+        want_pages += pages(&ids_of(&q, b));
+        q.submit(&b.view(), seq).unwrap();
+        check_rows(&q, seq, &ids_of(&q, b), format);
+        q.release_step(seq).unwrap();
+    }
+    let s = q.stats();
+    assert_eq!((s.prefetch_steps, s.pages_prefetched), (0, 0));
+    assert_eq!(s.unique_pages, want_pages);
+    assert!(s.queue_ns <= s.prefill_step_ns + s.decode_step_ns);
     drop(q);
 
     // AUTO: small steps never; big steps only when their pages are not cached

@@ -105,22 +105,27 @@ impl PageSetBuilder {
     pub fn count_unique(&mut self, rows: &[u64], row_bytes: usize) -> usize {
         let rb = row_bytes as u64;
         if rows.len() >= BITMAP_MIN_ROWS {
-            self.size_bitmap(rows, rb);
+            // (a bitmap of the whole table is a few hundred KiB: clearing it all at once is
+            // cheaper than a second random pass over the rows)
+            // (a bitmap of the whole table is a few hundred KiB: clearing it at once is cheaper
+            // than a second random pass over the rows)
+            let words = self.size_bitmap(rows, rb);
+            let bm = &mut self.bitmap[..words];
             let mut n = 0;
+            let mut set = |p: u64| {
+                let w = &mut bm[(p >> 6) as usize];
+                let bit = 1u64 << (p & 63);
+                n += (*w & bit == 0) as usize;
+                *w |= bit;
+            };
             for &r in rows {
                 let (a, b) = first_last_page(r, rb);
-                for p in [a, b] {
-                    let w = &mut self.bitmap[(p >> 6) as usize];
-                    let bit = 1u64 << (p & 63);
-                    n += (*w & bit == 0) as usize;
-                    *w |= bit;
+                set(a);
+                if b != a {
+                    set(b);
                 }
             }
-            for &r in rows {
-                let (a, b) = first_last_page(r, rb);
-                self.bitmap[(a >> 6) as usize] = 0;
-                self.bitmap[(b >> 6) as usize] = 0;
-            }
+            bm.fill(0);
             return n;
         }
         let cap = (rows.len() * 4).next_power_of_two().max(64);

@@ -51,6 +51,7 @@ pub struct Stats {
     pub hash_ns: AtomicU64,
     pub prefetch_ns: AtomicU64,
     pub gather_ns: AtomicU64,
+    pub queue_ns: AtomicU64,
     pub copy_ns: AtomicU64,
     pub wait_ns: AtomicU64,
     pub prefill_step_ns: AtomicU64,
@@ -74,6 +75,8 @@ pub struct StepRecord {
     pub gather_ns: u64,
     pub copy_ns: u64,
     pub step_ns: u64,
+    /// Submit → the worker starting the step.
+    pub queue_ns: u64,
 }
 
 /// Faults and storage bytes attributed to a piece of work.
@@ -125,6 +128,7 @@ impl Stats {
         self.hash_ns.fetch_add(r.hash_ns, Relaxed);
         self.prefetch_ns.fetch_add(r.prefetch_ns, Relaxed);
         self.gather_ns.fetch_add(r.gather_ns, Relaxed);
+        self.queue_ns.fetch_add(r.queue_ns, Relaxed);
         self.copy_ns.fetch_add(r.copy_ns, Relaxed);
     }
 
@@ -157,6 +161,7 @@ impl Stats {
             resident_pages: 0,
             table_pages: 0,
             mem_available_bytes: 0,
+            queue_ns: g(&self.queue_ns),
         }
     }
 }
@@ -238,19 +243,18 @@ pub fn measure<R>(read_io: bool, f: impl FnOnce() -> R) -> (R, IoDelta) {
 }
 
 thread_local! {
-    /// (minor, major) faults of this thread at its last [`measure_tail`].
+    /// (minor, major) faults of this thread at its last [`thread_io_since_last`].
     static LAST_FAULTS: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
 }
 
-/// Like [`measure`] with one `getrusage` instead of two: the faults counted are those of this
-/// thread since its previous `measure_tail` (the first call on a thread reads before `f` too).
-/// For a thread that does little else between calls (the worker between step gathers) this is
-/// the same count, a syscall cheaper.
-pub fn measure_tail<R>(f: impl FnOnce() -> R) -> (R, IoDelta) {
-    let (mi0, ma0) = LAST_FAULTS.with(|l| l.get()).unwrap_or_else(thread_faults);
-    let r = f();
+/// Faults (and, when some were major, storage reads) of the calling thread since its previous
+/// call — one `getrusage`. The first call on a thread sets the baseline and returns nothing. The
+/// worker calls it once per step, after publishing, so the count costs the step no latency.
+pub fn thread_io_since_last() -> IoDelta {
     let (mi1, ma1) = thread_faults();
-    LAST_FAULTS.with(|l| l.set(Some((mi1, ma1))));
+    let Some((mi0, ma0)) = LAST_FAULTS.with(|l| l.replace(Some((mi1, ma1)))) else {
+        return IoDelta::default();
+    };
     let mut d = IoDelta {
         minor_faults: mi1.saturating_sub(mi0),
         major_faults: ma1.saturating_sub(ma0),
@@ -259,7 +263,7 @@ pub fn measure_tail<R>(f: impl FnOnce() -> R) -> (R, IoDelta) {
     if d.major_faults > 0 {
         d.read_bytes = thread_read_bytes_delta();
     }
-    (r, d)
+    d
 }
 
 /// Process-wide `read_bytes` (`/proc/self/io`), for benchmarks.
