@@ -518,7 +518,9 @@ ple_status ple_table_info(const struct ple_handle *handle, struct ple_info *info
 
 /**
  * Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
- * Residency and MemAvailable are measured at the call (cost: one mincore over the table).
+ * Residency and MemAvailable are measured at the call: one mincore over the whole table, about
+ * 0.15 s for a 4 GiB table on the development VM and proportional to the table's size — poll it
+ * now and then, not every step (the other counters cost nothing to keep).
  */
 ple_status ple_stats(const struct ple_handle *handle, struct ple_counters *stats);
 
