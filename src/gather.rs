@@ -63,6 +63,11 @@ pub fn gather(
     Ok(gather_with(src, row_bytes, ids, out, pool, || ())?.0)
 }
 
+/// Whether [`gather`] of `rows` rows runs on `pool` (else on the calling thread).
+pub fn runs_on_pool(rows: usize, pool: &rayon::ThreadPool) -> bool {
+    rows >= PARALLEL_MIN_ROWS && pool.current_num_threads() > 1
+}
+
 /// [`gather`], running `side` on the calling thread meanwhile: while the pool gathers a big set,
 /// the calling thread (otherwise idle) does `side`; a small set is gathered first, then `side`
 /// runs. Returns the pool threads' faults and `side`'s result.
@@ -85,7 +90,7 @@ pub fn gather_with<T>(
     check_ids(ids, (src.len() / row_bytes.max(1)) as u64)?;
     let out = &mut out[..ids.len() * row_bytes];
     match pool {
-        Some(pool) if ids.len() >= PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 => {
+        Some(pool) if runs_on_pool(ids.len(), pool) => {
             let chunk = (ids.len() / (pool.current_num_threads() * 4)).max(256);
             let io = Mutex::new(IoDelta::default());
             let r = pool.in_place_scope(|s| {

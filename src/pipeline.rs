@@ -714,7 +714,7 @@ impl Shared {
         } else {
             // A big step gathers on the pool while this thread counts its distinct pages; a
             // small one counts them after it is published (off the step's latency).
-            let big = w.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1;
+            let big = gather::runs_on_pool(w.ids.len(), pool);
             let WorkerScratch {
                 ids, pages_builder, ..
             } = &mut *w;
