@@ -384,9 +384,6 @@ pub fn resolve_contexts(
     eos: i32,
     ngram_size: u32,
 ) -> Result<Vec<i32>> {
-    if ngram_size < 2 {
-        return err(format!("ngram_size {ngram_size} < 2"));
-    }
     check_structure(b)?;
     resolve_contexts_checked(b, tracker, eos, ngram_size)
 }

@@ -42,7 +42,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::context::{Tracker, resolve_contexts, validate_batch};
+use crate::context::{Tracker, resolve_contexts_checked, validate_batch};
 use crate::hash::Hasher;
 
 /// Open options (the safe twin of `ple_options`).
@@ -1083,12 +1083,7 @@ impl Pipeline {
         }
         let ctx = {
             let t = lock(&self.tracker);
-            crate::context::resolve_contexts_checked(
-                b,
-                Some(&t),
-                meta.hash.eos_token_id,
-                meta.ngram_size,
-            )?
+            resolve_contexts_checked(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
         };
         let prefill = b
             .query_start
@@ -1471,7 +1466,7 @@ impl Pipeline {
         }
         let ctx = {
             let t = lock(&self.tracker);
-            resolve_contexts(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
+            resolve_contexts_checked(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
         };
         let mut ids = vec![0u64; heads];
         for (i, &t) in b.tokens.iter().enumerate() {
