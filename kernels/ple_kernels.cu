@@ -1,6 +1,6 @@
 /*
  * libple GPU kernels (SPEC §5 dequantisation, §8 handshake). Compiled to PTX by NVRTC
- * (scripts/gen-ptx.py, target compute_80, -fmad=false) and embedded in libple (src/cuda.rs).
+ * (scripts/gen-ptx.py, target compute_80, -fmad=false) and embedded in libple (crates/ple-core/src/dequant/gpu.rs).
  * No headers: everything below is plain CUDA C++ with `extern "C"` entry points, so the mangled
  * names never matter and the host can look kernels up by name.
  *
@@ -62,7 +62,7 @@ typedef unsigned char u8;
 #define DT_BF16 2
 #define FLAG_ACCUMULATE 1u
 
-/* Device error codes (err.code); keep in sync with src/cuda.rs. */
+/* Device error codes (err.code); keep in sync with crates/ple-core/src/dequant/gpu.rs. */
 #define ERR_WAIT_TIMEOUT 1u  /* the spin wait ran past its timeout (detail: done seen last) */
 #define ERR_OVER_CAPACITY 2u /* the step has more tokens than the launch's capacity (detail: n) */
 #define ERR_SEQ_MISMATCH 3u  /* the slot holds another step (detail: the slot's seq) */
@@ -89,7 +89,7 @@ struct Gate { /* device memory, one per slot, 16 bytes */
     u32 ok;
 };
 
-/* Kernel parameter blocks: passed by value; layouts mirrored by #[repr(C)] structs in src/cuda.rs. */
+/* Kernel parameter blocks: passed by value; layouts mirrored by #[repr(C)] structs in crates/ple-core/src/dequant/gpu.rs. */
 struct WaitParams {
     u64 done;       /* const u64* host-mapped */
     u64 err;        /* DevError* host-mapped */

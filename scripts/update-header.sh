@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates include/ple.h from src/ffi.rs (cbindgen runs in build.rs) and copies it into place.
+# Regenerates include/ple.h from crates/ple-capi/src (cbindgen runs in its build.rs) and copies it into place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=$(cargo build --lib --message-format=json 2>/dev/null | python3 -c '
+out=$(cargo build -p ple-capi --lib --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -145,7 +145,7 @@ typedef struct {
  * `head_base` up), so the table is small but every hashed id is a real row.
  *
  * THE METADATA SCHEMA IS PROVISIONAL: it follows the schema the packer issue was given; the
- * integrator reconciles field and file names with src/table.rs (TableMeta) here, and only here.
+ * integrator reconciles field and file names with crates/ple-core/src/format/table.rs (TableMeta) here, and only here.
  */
 static inline int write_table(const char *dir, const char *fmt, uint64_t head_base, uint64_t seed,
                        float global_scale, table_desc *out) {

@@ -1,0 +1,84 @@
+//! The GPU entry points: fused dequant on the engine's stream, CUDA Graph mode, device errors.
+
+use crate::boundary::nonnull;
+use crate::handle::{handle_ref, ple_handle};
+use crate::status::ple_status;
+use crate::types::{out_args, ple_dtype, ple_fuse_flags};
+use std::ffi::c_void;
+
+/// Dequantises step `seq`'s rows into the engine's device buffer `out` (a `CUdeviceptr`) with one
+/// kernel enqueued on the engine's `cuda_stream` (a `CUstream`/`cudaStream_t`; libple only
+/// enqueues on it). The step is ordered before the kernel by the handle's wait mode. Layout, dtype,
+/// stride and flags as in `ple_dequant_cpu`. Needs a handle opened with `cuda_device >= 0`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_dequant_fuse(
+    handle: *mut ple_handle,
+    cuda_stream: *mut c_void,
+    seq: u64,
+    out: *mut c_void,
+    out_dtype: ple_dtype,
+    out_stride: usize,
+    flags: ple_fuse_flags,
+) -> ple_status {
+    ffi_guard!({
+        let h = handle_ref(handle)?;
+        nonnull(out, "out")?;
+        let args = out_args(out_dtype, out_stride, flags)?;
+        h.dequant_fuse(cuda_stream, seq, out as u64, args)
+    })
+}
+
+/// CUDA Graph mode, step 1. Enqueues on `cuda_stream` (the engine's `CUstream`) "the next graph
+/// replay consumes step `base_seq`". Then capture `ple_dequant_fuse_graph` once and replay it
+/// once per step: replay k consumes step `base_seq + k`, so submit steps `base_seq`,
+/// `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (the worker
+/// reuses a ring slot only after a replay consumed its previous step). Call it when no replay is
+/// in flight, and again with the next step after a device error. Needs `cuda_device >= 0`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_graph_prepare(
+    handle: *mut ple_handle,
+    cuda_stream: *mut c_void,
+    base_seq: u64,
+) -> ple_status {
+    ffi_guard!({
+        let h = handle_ref(handle)?;
+        h.graph_prepare(cuda_stream, base_seq)
+    })
+}
+
+/// CUDA Graph mode, step 2: enqueues on `cuda_stream` a device wait for the current graph step
+/// (a spin kernel with the handle's timeout, whatever `wait_mode` is), its dequantisation into
+/// `out` (a `CUdeviceptr` holding `capacity_tokens` tokens at `out_stride` elements of `out_dtype`)
+/// and the advance to the next step, with no step number baked in: capture this call into a CUDA
+/// graph once, after `ple_graph_prepare`. A step with more than `capacity_tokens` tokens is not
+/// written and raises a device error (`ple_check_device`). `flags` as in `ple_dequant_fuse`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_dequant_fuse_graph(
+    handle: *mut ple_handle,
+    cuda_stream: *mut c_void,
+    capacity_tokens: u32,
+    out: *mut c_void,
+    out_dtype: ple_dtype,
+    out_stride: usize,
+    flags: ple_fuse_flags,
+) -> ple_status {
+    ffi_guard!({
+        let h = handle_ref(handle)?;
+        nonnull(out, "out")?;
+        let args = out_args(out_dtype, out_stride, flags)?;
+        h.dequant_fuse_graph(cuda_stream, capacity_tokens, out as u64, args)
+    })
+}
+
+/// Reports (and clears) the first error the handle's kernels raised on the device since the last
+/// call: a device wait that timed out (`PLE_E_TIMEOUT`), a graph step larger than the captured
+/// capacity or a ring slot holding another step (`PLE_E_STATE`). The affected kernels wrote
+/// nothing. `PLE_OK` when there was none. Synchronise the stream first to see a kernel's error.
+/// `ple_dequant_fuse*` also return a pending device error instead of enqueueing.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_check_device(handle: *mut ple_handle) -> ple_status {
+    ffi_guard!({
+        let h = handle_ref(handle)?;
+        h.check_device()
+    })
+}

@@ -1,0 +1,59 @@
+//! `ple_pack`: checkpoint → packed table.
+
+use crate::boundary::{nonnull, path_arg, read_versioned};
+use crate::status::ple_status;
+use crate::types::{ple_pack_options, ple_progress_fn};
+use std::ffi::{c_char, c_void};
+
+/// Fills `options` with the packing defaults.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_pack_options_default(options: *mut ple_pack_options) -> ple_status {
+    ffi_guard!({
+        nonnull(options, "options")?;
+        unsafe {
+            options.write(crate::types::pack_options_to_c(
+                &ple_core::format::pack::PackOptions::default(),
+            ))
+        };
+        Ok(())
+    })
+}
+
+/// Packs the checkpoint in `checkpoint_dir` into a table in `out_dir` (created if needed), streaming
+/// shard by shard, writing to a temporary name and renaming into place, metadata last. An identical
+/// existing table is reused; one from another checkpoint is refused unless `options->force`.
+/// `progress` (may be NULL) is called from the calling thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_pack(
+    checkpoint_dir: *const c_char,
+    out_dir: *const c_char,
+    options: *const ple_pack_options,
+    progress: ple_progress_fn,
+    user_data: *mut c_void,
+) -> ple_status {
+    ffi_guard!({
+        let ck = unsafe { path_arg(checkpoint_dir, "checkpoint_dir")? };
+        let out = unsafe { path_arg(out_dir, "out_dir")? };
+        let mut c =
+            crate::types::pack_options_to_c(&ple_core::format::pack::PackOptions::default());
+        if !options.is_null() {
+            unsafe {
+                read_versioned(
+                    options,
+                    &mut c,
+                    std::mem::size_of::<ple_pack_options>(),
+                    "options",
+                )?
+            };
+        }
+        let opts = crate::types::pack_options_from_c(&c)?;
+        crate::log::init();
+        let mut cb = |done: u64, total: u64| -> bool {
+            match progress {
+                Some(f) => f(done, total, user_data) == 0,
+                None => true,
+            }
+        };
+        ple_core::format::pack::pack(&ck, &out, &opts, &mut cb).map(|_| ())
+    })
+}

@@ -1,0 +1,453 @@
+//! The C types of the ABI: constants, typedef'd value types, the versioned structs, callbacks, and
+//! the conversions between them and the core's typed values.
+
+use ple_core::dequant::{Dtype, OutArgs};
+use ple_core::format::pack::PackOptions;
+use ple_core::format::table::TableInfo;
+use ple_core::invalid;
+use ple_core::model::RowFormat;
+use ple_core::stats::Counters;
+use ple_core::step::{OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
+use ple_core::{Error, Result};
+use std::ffi::{CStr, c_char, c_void};
+use std::path::PathBuf;
+
+/// Major version of this header and library.
+pub const PLE_VERSION_MAJOR: u32 = 0;
+/// Minor version (the ABI changes with it while the major version is 0).
+pub const PLE_VERSION_MINOR: u32 = 1;
+/// Patch version.
+pub const PLE_VERSION_PATCH: u32 = 0;
+/// ABI version: `major * 10000 + minor * 100 + patch`, as returned by `ple_abi_version()`.
+pub const PLE_ABI_VERSION: u32 =
+    PLE_VERSION_MAJOR * 10000 + PLE_VERSION_MINOR * 100 + PLE_VERSION_PATCH;
+
+/// Row ids per token (16 heads).
+pub const PLE_NUM_HEADS: u32 = 16;
+/// Elements of one token's PLE embedding (16 heads x 160).
+pub const PLE_EMBED_DIM: u32 = 2560;
+
+/// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
+pub type ple_format = i32;
+
+/// Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
+pub const PLE_FORMAT_NVFP4: ple_format = 1;
+/// Row format `fp8`: 160 E4M3 bytes per row.
+pub const PLE_FORMAT_FP8: ple_format = 2;
+/// Row format `bf16`: 160 little-endian bf16 per row.
+pub const PLE_FORMAT_BF16: ple_format = 3;
+
+/// Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
+pub type ple_dtype = i32;
+
+/// Output element type: IEEE float32.
+pub const PLE_DTYPE_F32: ple_dtype = 0;
+/// Output element type: IEEE float16.
+pub const PLE_DTYPE_F16: ple_dtype = 1;
+/// Output element type: bfloat16.
+pub const PLE_DTYPE_BF16: ple_dtype = 2;
+
+/// Flags of `ple_dequant_*`: `PLE_FUSE_*` bits.
+pub type ple_fuse_flags = u32;
+
+/// `ple_dequant_*` flag: add into `out` instead of overwriting it.
+pub const PLE_FUSE_ACCUMULATE: ple_fuse_flags = 1;
+
+/// When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
+pub type ple_prefetch_policy = i32;
+
+/// Prefetch policy: issue WILLNEED when a step has at least `prefetch_min_rows` rows, unless a
+/// residency sample (mincore of one page per 1,024 rows, at most 16) finds its pages cached.
+pub const PLE_PREFETCH_AUTO: ple_prefetch_policy = 0;
+/// Prefetch policy: always issue WILLNEED before gathering.
+pub const PLE_PREFETCH_ALWAYS: ple_prefetch_policy = 1;
+/// Prefetch policy: never prefetch (MADV_RANDOM faults only).
+pub const PLE_PREFETCH_NEVER: ple_prefetch_policy = 2;
+
+/// What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
+pub type ple_ring_full_policy = i32;
+
+/// Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
+pub const PLE_RING_WAIT: ple_ring_full_policy = 0;
+/// Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
+pub const PLE_RING_ERROR: ple_ring_full_policy = 1;
+
+/// How a GPU handle orders the kernel after a step (`ple_options.wait_mode`): a `PLE_WAIT_*` value.
+pub type ple_wait_mode = i32;
+
+/// GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
+pub const PLE_WAIT_AUTO: ple_wait_mode = 0;
+/// GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
+pub const PLE_WAIT_HOST: ple_wait_mode = 1;
+/// GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
+pub const PLE_WAIT_STREAM_OP: ple_wait_mode = 2;
+/// GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
+pub const PLE_WAIT_SPIN_KERNEL: ple_wait_mode = 3;
+
+/// Options for `ple_open`. Always initialise with `ple_options_default()`, then change fields:
+/// `struct_size` lets later versions add fields without breaking callers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ple_options {
+    /// `sizeof(ple_options)` as the caller compiled it (set by `ple_options_default`).
+    pub struct_size: usize,
+    /// Largest `num_tokens` one step may carry (default 8192). Sizes the staging slots.
+    pub max_tokens_per_step: u32,
+    /// Steps that may be submitted but not yet consumed (ring slots, default 2, 1..=64).
+    pub max_in_flight: u32,
+    /// Gather threads in the handle's private pool (0 = number of CPUs, default 0).
+    pub num_threads: u32,
+    /// `PLE_PREFETCH_AUTO` (default), `_ALWAYS` or `_NEVER`.
+    pub prefetch_policy: ple_prefetch_policy,
+    /// AUTO prefetches steps with at least this many rows (default 512).
+    pub prefetch_min_rows: u32,
+    /// `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
+    pub ring_full_policy: ple_ring_full_policy,
+    /// Default timeout of `ple_wait` (and of the ring wait), microseconds (default 300 s).
+    pub wait_timeout_us: u64,
+    /// Tracked mode: tokens remembered per request, for context and speculative rollback (default 64, >= ngram_size - 1).
+    pub history_window: u32,
+    /// CUDA device ordinal, or -1 for CPU only (default -1).
+    pub cuda_device: i32,
+    /// `PLE_WAIT_AUTO` (default), `_HOST`, `_STREAM_OP` or `_SPIN_KERNEL`.
+    pub wait_mode: ple_wait_mode,
+    /// For tables made by the Python tool (`*.packed_u8`): path of the checkpoint's `config.json`
+    /// (NULL: look beside the table). Ignored for libple tables.
+    pub config_json_path: *const c_char,
+    /// If not NULL: the checkpoint directory the table must have been packed from; opening fails
+    /// with `PLE_E_FORMAT` when its fingerprint differs.
+    pub checkpoint_dir: *const c_char,
+}
+
+/// Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ple_pack_options {
+    /// `sizeof(ple_pack_options)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Non-zero: replace an existing table packed from another checkpoint (default 0: refuse).
+    pub force: i32,
+    /// Bytes per write buffer (default 8 MiB; bounds the packer's memory).
+    pub buffer_bytes: u64,
+}
+
+/// Progress callback of `ple_pack`: bytes written so far and in all. Return 0 to go on, non-zero to
+/// cancel (the pack then fails with `PLE_E_STATE` and leaves no table behind).
+pub type ple_progress_fn =
+    Option<extern "C" fn(done_bytes: u64, total_bytes: u64, user_data: *mut c_void) -> i32>;
+
+/// Log callback: `level` 1 = error, 2 = warn, 3 = info, 4 = debug, 5 = trace; `message` is valid
+/// only during the call. May be called from libple's worker threads.
+pub type ple_log_fn =
+    Option<extern "C" fn(level: i32, message: *const c_char, user_data: *mut c_void)>;
+
+/// One engine step's tokens. All arrays are read during the call only (`ple_submit` copies them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ple_batch {
+    /// `[num_tokens]` token ids, each in `[0, vocab_size)`.
+    pub tokens: *const i32,
+    /// `[num_tokens]` position of each token in its request's sequence (consecutive inside a span).
+    pub positions: *const i32,
+    /// Tokens in the step (1..=max_tokens_per_step).
+    pub num_tokens: u32,
+    /// `[num_requests]` request ids (unique within a batch).
+    pub request_ids: *const u64,
+    /// `[num_requests + 1]` offsets into `tokens`: first 0, last `num_tokens`, non-decreasing; request
+    /// `i` owns tokens `[query_start[i], query_start[i+1])`.
+    pub query_start: *const u32,
+    /// Requests in the step.
+    pub num_requests: u32,
+    /// NULL (tracked mode: libple remembers each request's tokens), or `[num_requests][ngram_size - 1]`
+    /// (stateless mode): the tokens just before each span, oldest first, EOS where the sequence has none.
+    pub context: *const i32,
+}
+
+/// Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ple_table_info {
+    /// Set by the caller to `sizeof(ple_info)`.
+    pub struct_size: usize,
+    /// `PLE_FORMAT_NVFP4`, `_FP8` or `_BF16`.
+    pub format: ple_format,
+    /// Bytes per row (90, 160 or 320).
+    pub row_bytes: u32,
+    /// Rows in the file (padded).
+    pub total_rows: u64,
+    /// Rows the hash can address (sum of head sizes).
+    pub addressed_rows: u64,
+    /// Heads (16) and elements per head (160).
+    pub num_heads: u32,
+    pub head_dim: u32,
+    /// N-gram order (3) and vocabulary size.
+    pub ngram_size: u32,
+    pub vocab_size: u32,
+    /// EOS / BOS token id.
+    pub eos_token_id: i32,
+    /// The global dequantisation scale (1.0 for bf16).
+    pub global_scale: f32,
+    /// Size of the row file in bytes.
+    pub file_size: u64,
+    /// 1 if device-side waiting is available on the handle's GPU, else 0.
+    pub device_wait_supported: i32,
+    /// Name of the source checkpoint (NUL-terminated, truncated to fit).
+    pub source_name: [c_char; 256],
+    /// Hex fingerprint of the source checkpoint's index and shard headers (NUL-terminated).
+    pub source_fingerprint: [c_char; 72],
+}
+
+/// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ple_stats {
+    /// Set by the caller to `sizeof(ple_counters)`.
+    pub struct_size: usize,
+    /// Steps completed, prefill and decode apart: a step is prefill when some request's span in it
+    /// has more than 8 tokens, so speculative verification of up to 8 tokens counts as decode.
+    pub prefill_steps: u64,
+    pub decode_steps: u64,
+    /// Tokens and rows gathered, prefill and decode apart.
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+    pub prefill_rows: u64,
+    pub decode_rows: u64,
+    /// Distinct 4 KiB pages the steps' rows touched (per step, summed).
+    pub unique_pages: u64,
+    /// Pages covered by WILLNEED prefetch ranges.
+    pub pages_prefetched: u64,
+    /// Steps that issued a prefetch.
+    pub prefetch_steps: u64,
+    /// Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
+    pub major_faults: u64,
+    pub minor_faults: u64,
+    /// Bytes the worker threads caused to be read from storage (`/proc/thread-self/io` read_bytes).
+    pub storage_read_bytes: u64,
+    /// Time spent per stage, summed over steps.
+    pub hash_ns: u64,
+    pub prefetch_ns: u64,
+    pub gather_ns: u64,
+    pub copy_ns: u64,
+    /// Time callers spent blocked in `ple_wait` / host waits.
+    pub wait_ns: u64,
+    /// Submit-to-done latency summed, prefill and decode apart.
+    pub prefill_step_ns: u64,
+    pub decode_step_ns: u64,
+    /// Waits that timed out; steps that failed.
+    pub timeouts: u64,
+    pub failed_steps: u64,
+    /// On demand at the `ple_stats` call: table pages resident in the page cache (mincore), total table pages.
+    pub resident_pages: u64,
+    pub table_pages: u64,
+    /// On demand: MemAvailable from /proc/meminfo, bytes.
+    pub mem_available_bytes: u64,
+    /// Time steps spent between `ple_submit` and the worker starting them, summed: queueing
+    /// behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
+    pub queue_ns: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversions between the C structs and the core's typed values (the only place they happen)
+// ---------------------------------------------------------------------------------------------
+
+/// `ple_options` with the values of `o` (paths are not representable and come out NULL).
+pub fn options_to_c(o: &OpenOptions) -> ple_options {
+    ple_options {
+        struct_size: std::mem::size_of::<ple_options>(),
+        max_tokens_per_step: o.max_tokens_per_step,
+        max_in_flight: o.max_in_flight,
+        num_threads: o.num_threads,
+        prefetch_policy: match o.prefetch_policy {
+            PrefetchPolicy::Auto => PLE_PREFETCH_AUTO,
+            PrefetchPolicy::Always => PLE_PREFETCH_ALWAYS,
+            PrefetchPolicy::Never => PLE_PREFETCH_NEVER,
+        },
+        prefetch_min_rows: o.prefetch_min_rows,
+        ring_full_policy: match o.ring_full_policy {
+            RingFullPolicy::Wait => PLE_RING_WAIT,
+            RingFullPolicy::Error => PLE_RING_ERROR,
+        },
+        wait_timeout_us: o.wait_timeout_us,
+        history_window: o.history_window,
+        cuda_device: o.cuda_device,
+        wait_mode: match o.wait_mode {
+            WaitMode::Auto => PLE_WAIT_AUTO,
+            WaitMode::Host => PLE_WAIT_HOST,
+            WaitMode::StreamOp => PLE_WAIT_STREAM_OP,
+            WaitMode::SpinKernel => PLE_WAIT_SPIN_KERNEL,
+        },
+        config_json_path: std::ptr::null(),
+        checkpoint_dir: std::ptr::null(),
+    }
+}
+
+/// Converts and validates `ple_options`.
+///
+/// # Safety
+/// The path pointers, when not NULL, must be NUL-terminated strings.
+pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
+    let path = |p: *const c_char, what: &str| -> Result<Option<PathBuf>> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: non-NULL, and NUL-terminated by the caller's contract.
+        let s = unsafe { CStr::from_ptr(p) }
+            .to_str()
+            .map_err(|_| Error::InvalidArgument(format!("options.{what} is not UTF-8")))?;
+        Ok(Some(PathBuf::from(s)))
+    };
+    let o = OpenOptions {
+        max_tokens_per_step: c.max_tokens_per_step,
+        max_in_flight: c.max_in_flight,
+        num_threads: c.num_threads,
+        prefetch_policy: match c.prefetch_policy {
+            PLE_PREFETCH_AUTO => PrefetchPolicy::Auto,
+            PLE_PREFETCH_ALWAYS => PrefetchPolicy::Always,
+            PLE_PREFETCH_NEVER => PrefetchPolicy::Never,
+            v => return invalid!("options.prefetch_policy {v} is not a PLE_PREFETCH_* value"),
+        },
+        prefetch_min_rows: c.prefetch_min_rows,
+        ring_full_policy: match c.ring_full_policy {
+            PLE_RING_WAIT => RingFullPolicy::Wait,
+            PLE_RING_ERROR => RingFullPolicy::Error,
+            v => return invalid!("options.ring_full_policy {v} is not a PLE_RING_* value"),
+        },
+        wait_timeout_us: c.wait_timeout_us,
+        history_window: c.history_window,
+        cuda_device: c.cuda_device,
+        wait_mode: match c.wait_mode {
+            PLE_WAIT_AUTO => WaitMode::Auto,
+            PLE_WAIT_HOST => WaitMode::Host,
+            PLE_WAIT_STREAM_OP => WaitMode::StreamOp,
+            PLE_WAIT_SPIN_KERNEL => WaitMode::SpinKernel,
+            v => return invalid!("options.wait_mode {v} is not a PLE_WAIT_* value"),
+        },
+        config_json_path: path(c.config_json_path, "config_json_path")?,
+        checkpoint_dir: path(c.checkpoint_dir, "checkpoint_dir")?,
+    };
+    o.validate()?;
+    Ok(o)
+}
+
+/// `ple_pack_options` with the values of `o`.
+pub fn pack_options_to_c(o: &PackOptions) -> ple_pack_options {
+    ple_pack_options {
+        struct_size: std::mem::size_of::<ple_pack_options>(),
+        force: o.force as i32,
+        buffer_bytes: o.buffer_bytes as u64,
+    }
+}
+
+/// Converts and validates `ple_pack_options`.
+pub fn pack_options_from_c(c: &ple_pack_options) -> Result<PackOptions> {
+    if c.buffer_bytes < 4096 || c.buffer_bytes > (1 << 30) {
+        return invalid!(
+            "options.buffer_bytes {} not in [4096, 1 GiB]",
+            c.buffer_bytes
+        );
+    }
+    Ok(PackOptions {
+        force: c.force != 0,
+        buffer_bytes: c.buffer_bytes as usize,
+        preallocate: true,
+    })
+}
+
+/// The `PLE_FORMAT_*` value of a row format.
+pub fn format_code(f: RowFormat) -> ple_format {
+    match f {
+        RowFormat::Nvfp4 => PLE_FORMAT_NVFP4,
+        RowFormat::Fp8 => PLE_FORMAT_FP8,
+        RowFormat::Bf16 => PLE_FORMAT_BF16,
+    }
+}
+
+/// Copies `s` into a fixed C char array: truncated at a UTF-8 boundary, NUL-terminated.
+fn copy_c_string(dst: &mut [c_char], s: &str) {
+    let mut n = s.len().min(dst.len().saturating_sub(1));
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..n]) {
+        *d = if *b == 0 { b'?' } else { *b } as c_char;
+    }
+    for d in dst.iter_mut().skip(n) {
+        *d = 0;
+    }
+}
+
+/// `ple_info` from the core's table facts.
+pub fn info_to_c(i: &TableInfo) -> ple_table_info {
+    let mut c = ple_table_info {
+        struct_size: std::mem::size_of::<ple_table_info>(),
+        format: format_code(i.format),
+        row_bytes: i.row_bytes,
+        total_rows: i.total_rows,
+        addressed_rows: i.addressed_rows,
+        num_heads: i.num_heads,
+        head_dim: i.head_dim,
+        ngram_size: i.ngram_size,
+        vocab_size: i.vocab_size,
+        eos_token_id: i.eos_token_id,
+        global_scale: i.global_scale,
+        file_size: i.file_size,
+        device_wait_supported: i.device_wait_supported as i32,
+        source_name: [0; 256],
+        source_fingerprint: [0; 72],
+    };
+    copy_c_string(&mut c.source_name, &i.source_name);
+    copy_c_string(&mut c.source_fingerprint, &i.source_fingerprint);
+    c
+}
+
+/// `ple_counters` from the core's counters.
+pub fn counters_to_c(k: &Counters) -> ple_stats {
+    ple_stats {
+        struct_size: std::mem::size_of::<ple_stats>(),
+        prefill_steps: k.prefill_steps,
+        decode_steps: k.decode_steps,
+        prefill_tokens: k.prefill_tokens,
+        decode_tokens: k.decode_tokens,
+        prefill_rows: k.prefill_rows,
+        decode_rows: k.decode_rows,
+        unique_pages: k.unique_pages,
+        pages_prefetched: k.pages_prefetched,
+        prefetch_steps: k.prefetch_steps,
+        major_faults: k.major_faults,
+        minor_faults: k.minor_faults,
+        storage_read_bytes: k.storage_read_bytes,
+        hash_ns: k.hash_ns,
+        prefetch_ns: k.prefetch_ns,
+        gather_ns: k.gather_ns,
+        copy_ns: k.copy_ns,
+        wait_ns: k.wait_ns,
+        prefill_step_ns: k.prefill_step_ns,
+        decode_step_ns: k.decode_step_ns,
+        timeouts: k.timeouts,
+        failed_steps: k.failed_steps,
+        resident_pages: k.resident_pages,
+        table_pages: k.table_pages,
+        mem_available_bytes: k.mem_available_bytes,
+        queue_ns: k.queue_ns,
+    }
+}
+
+/// Checks and converts the output arguments of `ple_dequant_*`.
+pub fn out_args(dtype: ple_dtype, stride: usize, flags: ple_fuse_flags) -> Result<OutArgs> {
+    let dtype = match dtype {
+        PLE_DTYPE_F32 => Dtype::F32,
+        PLE_DTYPE_F16 => Dtype::F16,
+        PLE_DTYPE_BF16 => Dtype::Bf16,
+        d => return invalid!("out_dtype {d} is not a PLE_DTYPE_* value"),
+    };
+    if flags & !PLE_FUSE_ACCUMULATE != 0 {
+        return invalid!("flags {flags:#x} has bits other than PLE_FUSE_ACCUMULATE");
+    }
+    let args = OutArgs {
+        dtype,
+        stride,
+        accumulate: flags & PLE_FUSE_ACCUMULATE != 0,
+    };
+    args.check()?;
+    Ok(args)
+}

@@ -1,0 +1,455 @@
+//! The packer: checkpoint shards → one row-addressable file + JSON metadata (SPEC §4–§6).
+//!
+//! Crash safety: rows and metadata are written to temporary names in the output directory
+//! (`.table.rows.tmp-<pid>`, `.table.json.tmp-<pid>`), synced and size-checked; then the old
+//! metadata (if any) is removed, the rows are renamed into place, and the metadata is renamed
+//! last, with directory syncs in between. At every instant the directory either holds no
+//! `table.json` or a `table.json` that matches `table.rows`, so an interrupted pack never leaves a
+//! table that opens. Files are replaced by rename, never truncated, so a `Table` that has the old
+//! rows mapped keeps reading them. An exclusive `flock` on the directory keeps two packers out of
+//! the same directory; temporary files left by a killed packer are removed by the next one.
+//!
+//! Memory: one output buffer of `buffer_bytes` plus (NVFP4) the codes and scales it is built from,
+//! about 2 × `buffer_bytes` in all. Sources are read with `pread` (advised SEQUENTIAL, dropped from
+//! the page cache behind the reader), the output written sequentially and flushed behind the
+//! writer with `sync_file_range`, so neither side fills the page cache.
+
+use crate::error::{Error, Result};
+use crate::format::checkpoint::Checkpoint;
+use crate::format::table::{META_FILE, ROWS_FILE, Table, TableMeta, TableOpenOptions};
+use crate::model::RowFormat;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Packing options (`ple_pack_options` in C).
+#[derive(Clone, Debug)]
+pub struct PackOptions {
+    /// Rebuild whatever the directory holds (another checkpoint's table, unreadable metadata, or
+    /// an identical table, which is then rewritten instead of reused).
+    pub force: bool,
+    /// Bytes of the output buffer (the packer's memory is about twice this).
+    pub buffer_bytes: usize,
+    /// Reserve the row file's full size before writing (`fallocate`), so a full disk fails at
+    /// once. Filesystems without `fallocate` are written without reserving.
+    pub preallocate: bool,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        PackOptions {
+            force: false,
+            buffer_bytes: 8 << 20,
+            preallocate: true,
+        }
+    }
+}
+
+/// What a pack did.
+#[derive(Clone, Debug, Default)]
+pub struct PackReport {
+    /// Bytes written to the row file (0 when reused).
+    pub bytes_written: u64,
+    /// The directory already held this table; nothing was written.
+    pub reused: bool,
+    /// Rows of the table and bytes of its row file.
+    pub total_rows: u64,
+    pub table_bytes: u64,
+    /// Wall time of the whole pack.
+    pub elapsed: Duration,
+    /// The table's metadata.
+    pub meta: Option<TableMeta>,
+}
+
+/// Prefix of the temporary row file's name (`.table.rows.tmp-<pid>`).
+pub const ROWS_TMP_PREFIX: &str = ".table.rows.tmp-";
+/// Prefix of the temporary metadata file's name (`.table.json.tmp-<pid>`).
+pub const META_TMP_PREFIX: &str = ".table.json.tmp-";
+
+/// Window of the write-behind flush.
+const FLUSH_WINDOW: u64 = 32 << 20;
+
+/// Removes its paths on drop unless disarmed.
+struct TempFiles(Vec<PathBuf>);
+
+impl Drop for TempFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            if let Err(e) = std::fs::remove_file(p)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                log::warn!("could not remove temporary file {}: {e}", p.display());
+            }
+        }
+    }
+}
+
+fn fadvise(f: &File, off: u64, len: u64, advice: libc::c_int) {
+    // Advice only: failure changes nothing but caching.
+    unsafe {
+        libc::posix_fadvise(
+            f.as_raw_fd(),
+            off as libc::off_t,
+            len as libc::off_t,
+            advice,
+        );
+    }
+}
+
+fn sync_range(f: &File, off: u64, len: u64, flags: libc::c_uint) {
+    // Write-behind only; the final fsync is what guarantees durability.
+    unsafe {
+        libc::sync_file_range(
+            f.as_raw_fd(),
+            off as libc::off64_t,
+            len as libc::off64_t,
+            flags,
+        );
+    }
+}
+
+fn fsync_dir(dir: &File, path: &Path) -> Result<()> {
+    dir.sync_all()
+        .map_err(|e| Error::io_path("syncing directory", path, e))
+}
+
+/// Takes an exclusive, non-blocking lock on the directory (released when the file is dropped).
+fn lock_dir(out: &Path) -> Result<File> {
+    let d = File::open(out).map_err(|e| Error::io_path("opening directory", out, e))?;
+    if unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            return Err(Error::State(format!(
+                "another packer is writing into {}",
+                out.display()
+            )));
+        }
+        return Err(Error::io_path("locking directory", out, e));
+    }
+    Ok(d)
+}
+
+/// Removes temporary files of earlier packs that were killed (we hold the directory lock, so
+/// no live packer owns them).
+fn remove_stale_temps(out: &Path) -> Result<()> {
+    let rd = std::fs::read_dir(out).map_err(|e| Error::io_path("listing", out, e))?;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(ROWS_TMP_PREFIX) || name.starts_with(META_TMP_PREFIX) {
+            log::info!("removing stale temporary file {}", e.path().display());
+            std::fs::remove_file(e.path())
+                .map_err(|err| Error::io_path("removing stale", &e.path(), err))?;
+        }
+    }
+    Ok(())
+}
+
+/// Decides what to do with a table already in `out`: `Ok(true)` to reuse it, `Ok(false)` to
+/// (re)build, `Err` to refuse.
+fn check_existing(out: &Path, meta: &TableMeta, force: bool) -> Result<bool> {
+    let p = out.join(META_FILE);
+    if !p.exists() {
+        return Ok(false);
+    }
+    let text = std::fs::read_to_string(&p).map_err(|e| Error::io_path("reading", &p, e))?;
+    match serde_json::from_str::<TableMeta>(&text) {
+        Ok(old) if old.source.fingerprint == meta.source.fingerprint => {
+            if force {
+                log::info!("{}: --force: rebuilding the table", out.display());
+                return Ok(false);
+            }
+            if old == *meta {
+                match Table::open(out, &TableOpenOptions::default()) {
+                    Ok(_) => return Ok(true),
+                    Err(e) => log::warn!(
+                        "{}: the existing table of the same checkpoint does not open ({e}); rebuilding",
+                        out.display()
+                    ),
+                }
+            } else {
+                log::warn!(
+                    "{}: the existing table of the same checkpoint has other metadata (config.json changed?); rebuilding",
+                    out.display()
+                );
+            }
+            Ok(false)
+        }
+        Ok(old) => {
+            if force {
+                log::warn!(
+                    "{}: --force: replacing the table packed from '{}'",
+                    out.display(),
+                    old.source.name
+                );
+                return Ok(false);
+            }
+            Err(Error::Format(format!(
+                "{} already holds a table packed from '{}' (fingerprint {}); refusing to replace it with one from '{}' (fingerprint {}) without force",
+                out.display(),
+                old.source.name,
+                old.source.fingerprint,
+                meta.source.name,
+                meta.source.fingerprint
+            )))
+        }
+        Err(e) => {
+            if force {
+                return Ok(false);
+            }
+            Err(Error::Format(format!(
+                "{} exists but is not libple table metadata ({e}); refusing to overwrite it without force",
+                p.display()
+            )))
+        }
+    }
+}
+
+/// Packs `checkpoint` into `out`. `progress(done, total)` returns false to cancel.
+pub fn pack(
+    checkpoint: &Path,
+    out: &Path,
+    opts: &PackOptions,
+    progress: &mut dyn FnMut(u64, u64) -> bool,
+) -> Result<PackReport> {
+    let t0 = Instant::now();
+    if opts.buffer_bytes < 4096 {
+        return crate::invalid!("buffer_bytes {} < 4096", opts.buffer_bytes);
+    }
+    let ck = Checkpoint::open(checkpoint)?;
+    let meta = ck.table_meta()?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io_path("creating", out, e))?;
+    let dir = lock_dir(out)?;
+    remove_stale_temps(out)?;
+    let mut report = PackReport {
+        total_rows: meta.total_rows,
+        table_bytes: meta.file_bytes(),
+        ..Default::default()
+    };
+    if check_existing(out, &meta, opts.force)? {
+        log::info!(
+            "{}: already holds the table of {}; reused",
+            out.display(),
+            ck.name
+        );
+        progress(meta.file_bytes(), meta.file_bytes());
+        report.reused = true;
+        report.elapsed = t0.elapsed();
+        report.meta = Some(meta);
+        return Ok(report);
+    }
+
+    let pid = std::process::id();
+    let rows_tmp = out.join(format!("{ROWS_TMP_PREFIX}{pid}"));
+    let meta_tmp = out.join(format!("{META_TMP_PREFIX}{pid}"));
+    let temps = TempFiles(vec![rows_tmp.clone(), meta_tmp.clone()]);
+
+    report.bytes_written = write_rows(&ck, &meta, &rows_tmp, opts, progress)?;
+
+    let json = serde_json::to_string_pretty(&meta).expect("metadata serialises");
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&meta_tmp)
+            .map_err(|e| Error::io_path("creating", &meta_tmp, e))?;
+        f.write_all(json.as_bytes())
+            .and_then(|_| f.sync_all())
+            .map_err(|e| Error::io_path("writing", &meta_tmp, e))?;
+    }
+
+    // Publish: old metadata out, rows in, metadata in, each step made durable before the next.
+    let meta_path = out.join(META_FILE);
+    let rows_path = out.join(ROWS_FILE);
+    match std::fs::remove_file(&meta_path) {
+        Ok(()) => fsync_dir(&dir, out)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io_path("removing old", &meta_path, e)),
+    }
+    std::fs::rename(&rows_tmp, &rows_path)
+        .map_err(|e| Error::io_path("renaming into place", &rows_path, e))?;
+    fsync_dir(&dir, out)?;
+    std::fs::rename(&meta_tmp, &meta_path)
+        .map_err(|e| Error::io_path("renaming into place", &meta_path, e))?;
+    fsync_dir(&dir, out)?;
+    drop(temps);
+
+    let t = Table::open(out, &TableOpenOptions::default())?;
+    if t.meta() != &meta {
+        return Err(Error::State(format!(
+            "{}: the table changed while it was being published (another writer?)",
+            out.display()
+        )));
+    }
+    report.elapsed = t0.elapsed();
+    report.meta = Some(meta);
+    Ok(report)
+}
+
+/// Streams every shard into `tmp`, syncs it and checks its size. Returns the bytes written.
+fn write_rows(
+    ck: &Checkpoint,
+    meta: &TableMeta,
+    tmp: &Path,
+    opts: &PackOptions,
+    progress: &mut dyn FnMut(u64, u64) -> bool,
+) -> Result<u64> {
+    let total = meta.file_bytes();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(tmp)
+        .map_err(|e| Error::io_path("creating", tmp, e))?;
+    if opts.preallocate && total > 0 {
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, total as libc::off_t) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {}
+                _ => {
+                    return Err(Error::io(
+                        format!(
+                            "reserving {total} bytes for {} (is the disk full?)",
+                            tmp.display()
+                        ),
+                        e,
+                    ));
+                }
+            }
+        }
+    }
+    if !progress(0, total) {
+        return Err(Error::State("cancelled".into()));
+    }
+
+    let rb = meta.row_bytes as usize;
+    let cb = meta.code_bytes as usize;
+    let sb = meta.scale_bytes as usize;
+    let chunk_rows = (opts.buffer_bytes / rb).max(1) as u64;
+    let mut out_buf = vec![0u8; chunk_rows as usize * rb];
+    let nvfp4 = meta.row_format == RowFormat::Nvfp4;
+    let (mut codes, mut scales) = if nvfp4 {
+        (
+            vec![0u8; chunk_rows as usize * cb],
+            vec![0u8; chunk_rows as usize * sb],
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut sources: HashMap<PathBuf, File> = HashMap::new();
+    let mut open = |p: &Path| -> Result<File> {
+        if let Some(f) = sources.get(p) {
+            return f
+                .try_clone()
+                .map_err(|e| Error::io_path("duplicating handle of", p, e));
+        }
+        let f = File::open(p).map_err(|e| Error::io_path("opening", p, e))?;
+        fadvise(&f, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+        let c = f
+            .try_clone()
+            .map_err(|e| Error::io_path("duplicating handle of", p, e))?;
+        sources.insert(p.to_path_buf(), f);
+        Ok(c)
+    };
+    let read = |f: &File, path: &Path, buf: &mut [u8], off: u64| -> Result<()> {
+        f.read_exact_at(buf, off)
+            .map_err(|e| Error::io_path("reading shard data of", path, e))?;
+        fadvise(f, off, buf.len() as u64, libc::POSIX_FADV_DONTNEED);
+        Ok(())
+    };
+
+    let mut done = 0u64;
+    let mut flushed = 0u64; // start of the window not yet handed to write-back
+    let mut waited = 0u64; // everything before this is on disk and dropped from the cache
+    for (i, shard) in ck.shards.iter().enumerate() {
+        let wf = open(&shard.weight.path)?;
+        let sf = match &shard.scales {
+            Some(s) => Some(open(&s.path)?),
+            None => None,
+        };
+        let rows = ck.rows_per_shard;
+        let mut r0 = 0u64;
+        while r0 < rows {
+            let n = chunk_rows.min(rows - r0);
+            let nb = n as usize * rb;
+            if nvfp4 {
+                let s = shard.scales.as_ref().expect("nvfp4 shards have scales");
+                let c = &mut codes[..n as usize * cb];
+                read(
+                    &wf,
+                    &shard.weight.path,
+                    c,
+                    shard.weight.info.offset + r0 * cb as u64,
+                )?;
+                let sc = &mut scales[..n as usize * sb];
+                read(
+                    sf.as_ref().expect("scales file"),
+                    &s.path,
+                    sc,
+                    s.info.offset + r0 * sb as u64,
+                )?;
+                for ((o, c), s) in out_buf[..nb]
+                    .chunks_exact_mut(rb)
+                    .zip(c.chunks_exact(cb))
+                    .zip(sc.chunks_exact(sb))
+                {
+                    o[..cb].copy_from_slice(c);
+                    o[cb..].copy_from_slice(s);
+                }
+            } else {
+                read(
+                    &wf,
+                    &shard.weight.path,
+                    &mut out_buf[..nb],
+                    shard.weight.info.offset + r0 * rb as u64,
+                )?;
+            }
+            f.write_all(&out_buf[..nb])
+                .map_err(|e| Error::io_path(&format!("writing (shard {i}) to"), tmp, e))?;
+            done += nb as u64;
+            r0 += n;
+            // Write-behind: start write-back of each full window, and wait for the one
+            // before it, then drop it from the page cache.
+            if done - flushed >= FLUSH_WINDOW {
+                sync_range(&f, flushed, done - flushed, libc::SYNC_FILE_RANGE_WRITE);
+                if flushed > waited {
+                    sync_range(
+                        &f,
+                        waited,
+                        flushed - waited,
+                        libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                            | libc::SYNC_FILE_RANGE_WRITE
+                            | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                    );
+                    fadvise(&f, waited, flushed - waited, libc::POSIX_FADV_DONTNEED);
+                    waited = flushed;
+                }
+                flushed = done;
+            }
+            if !progress(done, total) {
+                return Err(Error::State("cancelled".into()));
+            }
+        }
+    }
+    f.flush().map_err(|e| Error::io_path("writing", tmp, e))?;
+    f.sync_all()
+        .map_err(|e| Error::io_path("syncing", tmp, e))?;
+    fadvise(&f, 0, 0, libc::POSIX_FADV_DONTNEED);
+    let size = f
+        .metadata()
+        .map_err(|e| Error::io_path("stat", tmp, e))?
+        .len();
+    if size != total || done != total {
+        return Err(Error::Format(format!(
+            "{}: wrote {done} bytes, file has {size}, expected {total}",
+            tmp.display()
+        )));
+    }
+    Ok(done)
+}

@@ -1,0 +1,4 @@
+//! Getting rows off storage: page sets and prefetch advice, the parallel gather.
+
+pub mod gather;
+pub mod prefetch;

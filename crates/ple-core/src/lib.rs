@@ -1,0 +1,27 @@
+//! The libple engine: everything the C library does, in safe Rust with no C types.
+//!
+//! Folders follow the data path (see `docs/ARCHITECTURE.md`):
+//! [`format`] (checkpoint → pack → table), [`lookup`] (hash, request context), [`io`] (prefetch,
+//! gather), [`step`] (the submit → worker → done = seq → wait pipeline), [`dequant`] (CPU and GPU),
+//! and [`stats`]. The C ABI (`ple-capi`) wraps this crate; nothing here knows a status code.
+
+pub mod dequant;
+pub mod error;
+pub mod format;
+pub mod io;
+pub mod lookup;
+pub mod model;
+pub mod stats;
+pub mod step;
+
+pub use error::{Error, ErrorKind, Result};
+
+// The test kit's table generator, compiled into this crate's own unit tests (it names the core as
+// `ple_core`): a dev-dependency on `ple-testkit` would bring a second, incompatible copy of the
+// core's types.
+#[cfg(test)]
+extern crate self as ple_core;
+#[cfg(test)]
+#[path = "../../ple-testkit/src/synth.rs"]
+#[allow(dead_code, reason = "the unit tests use only the table generator")]
+mod synth;

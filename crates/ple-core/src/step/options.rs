@@ -1,0 +1,102 @@
+//! Options of a handle, typed: the C API converts `ple_options` into [`OpenOptions`] once.
+
+use crate::error::Result;
+use std::path::PathBuf;
+
+pub use crate::dequant::gpu::WaitMode;
+
+/// When a step's pages are advised to the kernel (`MADV_WILLNEED`) before the gather.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PrefetchPolicy {
+    /// Steps of at least `prefetch_min_rows` rows, unless a residency sample finds them cached.
+    #[default]
+    Auto,
+    /// Every step.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// What `submit` does when the ring slot it needs still holds an unconsumed step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RingFullPolicy {
+    /// Wait for the slot to be consumed (up to `wait_timeout_us`).
+    #[default]
+    Wait,
+    /// Fail at once with `Error::State`.
+    Error,
+}
+
+/// Options of [`Pipeline::open`](crate::step::Pipeline::open) (`ple_options` in C; defaults as
+/// `ple_options_default`).
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub max_tokens_per_step: u32,
+    pub max_in_flight: u32,
+    pub num_threads: u32,
+    pub prefetch_policy: PrefetchPolicy,
+    pub prefetch_min_rows: u32,
+    pub ring_full_policy: RingFullPolicy,
+    pub wait_timeout_us: u64,
+    pub history_window: u32,
+    pub cuda_device: i32,
+    pub wait_mode: WaitMode,
+    pub config_json_path: Option<PathBuf>,
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            max_tokens_per_step: 8192,
+            max_in_flight: 2,
+            num_threads: 0,
+            prefetch_policy: PrefetchPolicy::Auto,
+            prefetch_min_rows: 512,
+            ring_full_policy: RingFullPolicy::Wait,
+            wait_timeout_us: 300_000_000,
+            history_window: 64,
+            cuda_device: -1,
+            wait_mode: WaitMode::Auto,
+            config_json_path: None,
+            checkpoint_dir: None,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Range checks of every field.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_tokens_per_step == 0 || self.max_tokens_per_step > 1 << 20 {
+            return crate::invalid!(
+                "options.max_tokens_per_step {} not in [1, 1048576]",
+                self.max_tokens_per_step
+            );
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 64 {
+            return crate::invalid!(
+                "options.max_in_flight {} not in [1, 64]",
+                self.max_in_flight
+            );
+        }
+        if self.num_threads > 1024 {
+            return crate::invalid!("options.num_threads {} > 1024", self.num_threads);
+        }
+        if self.wait_timeout_us == 0 {
+            return crate::invalid!("options.wait_timeout_us is 0");
+        }
+        if self.history_window < 2 || self.history_window > 1 << 20 {
+            return crate::invalid!(
+                "options.history_window {} not in [2, 1048576]",
+                self.history_window
+            );
+        }
+        if self.cuda_device < -1 {
+            return crate::invalid!(
+                "options.cuda_device {} (use -1 for CPU only)",
+                self.cuda_device
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,248 @@
+//! CPU dequantisation checked bit for bit against an independent oracle
+//! (`tests/oracle/dequant_oracle.py`: numpy + ml_dtypes), for every row format × output dtype, with
+//! and without accumulate. Rows cover every byte value (E4M3 NaN codes 0x7F/0xFF, subnormals, all
+//! E2M1 nibbles) and, for BF16, every 16-bit pattern.
+//!
+//! Needs `python3` with `numpy` and `ml_dtypes`. Where they are missing the test is skipped with a
+//! loud message — unless `CI=true`, where it fails.
+
+use half::{bf16, f16};
+use ple_core::dequant::{Dtype, Out, dequant_rows};
+use ple_core::model::RowFormat;
+use std::path::Path;
+use std::process::Command;
+
+fn splitmix(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn oracle_available() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import numpy, ml_dtypes"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        let msg = "python3 with numpy and ml_dtypes is needed for the dequant oracle \
+                   (pip install numpy ml_dtypes)";
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{msg}: missing on CI");
+        }
+        eprintln!("\n!!!!!!!! SKIPPED dequant oracle test: {msg} !!!!!!!!\n");
+    }
+    ok
+}
+
+/// Rows for `tokens` tokens: the first bytes (or, for BF16, 16-bit words) enumerate every value,
+/// the rest are random.
+fn rows(format: RowFormat, tokens: usize, seed: u64) -> Vec<u8> {
+    let rb = format.row_bytes(160);
+    let mut v = vec![0u8; tokens * 16 * rb];
+    let mut s = seed;
+    for b in v.iter_mut() {
+        *b = splitmix(&mut s) as u8;
+    }
+    match format {
+        RowFormat::Bf16 => {
+            for (i, w) in v.chunks_exact_mut(2).take(65536).enumerate() {
+                w.copy_from_slice(&(i as u16).to_le_bytes());
+            }
+        }
+        RowFormat::Fp8 => {
+            for (i, b) in v.iter_mut().take(4096).enumerate() {
+                *b = i as u8;
+            }
+        }
+        RowFormat::Nvfp4 => {
+            // every code byte value and every scale byte value, over the first rows
+            let n_rows = tokens * 16;
+            for r in 0..n_rows.min(64) {
+                let row = &mut v[r * rb..(r + 1) * rb];
+                for (j, b) in row[..80].iter_mut().enumerate() {
+                    *b = ((r * 80 + j) % 256) as u8;
+                }
+                for (j, b) in row[80..].iter_mut().enumerate() {
+                    *b = ((r * 10 + j) % 256) as u8;
+                }
+            }
+        }
+    }
+    v
+}
+
+fn init_bytes(dtype: Dtype, n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    let mut v = Vec::with_capacity(n * dtype.size());
+    for i in 0..n {
+        let r = splitmix(&mut s);
+        match dtype {
+            // mostly moderate finite values, some arbitrary bit patterns (inf, NaN, subnormal)
+            Dtype::F32 => {
+                let x = if i % 16 == 0 {
+                    f32::from_bits(r as u32)
+                } else {
+                    ((r % 20001) as f32 - 10000.0) / 997.0
+                };
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            Dtype::F16 => {
+                let x = if i % 16 == 0 {
+                    f16::from_bits(r as u16)
+                } else {
+                    f16::from_f32(((r % 20001) as f32 - 10000.0) / 997.0)
+                };
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            Dtype::Bf16 => {
+                let x = if i % 16 == 0 {
+                    bf16::from_bits(r as u16)
+                } else {
+                    bf16::from_f32(((r % 20001) as f32 - 10000.0) / 997.0)
+                };
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_lib(
+    format: RowFormat,
+    scale: f32,
+    rows: &[u8],
+    tokens: usize,
+    dtype: Dtype,
+    stride: usize,
+    acc: bool,
+    init: &[u8],
+    pool: Option<&rayon::ThreadPool>,
+) -> Vec<u8> {
+    let n = (tokens - 1) * stride + 2560;
+    match dtype {
+        Dtype::F32 => {
+            let mut o: Vec<f32> = init
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            dequant_rows(
+                format,
+                scale,
+                rows,
+                tokens,
+                Out::F32(&mut o),
+                stride,
+                acc,
+                pool,
+            )
+            .unwrap();
+            o.iter().flat_map(|x| x.to_le_bytes()).collect()
+        }
+        Dtype::F16 => {
+            let mut o: Vec<f16> = init
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            assert_eq!(o.len(), n);
+            dequant_rows(
+                format,
+                scale,
+                rows,
+                tokens,
+                Out::F16(&mut o),
+                stride,
+                acc,
+                pool,
+            )
+            .unwrap();
+            o.iter().flat_map(|x| x.to_le_bytes()).collect()
+        }
+        Dtype::Bf16 => {
+            let mut o: Vec<bf16> = init
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            dequant_rows(
+                format,
+                scale,
+                rows,
+                tokens,
+                Out::Bf16(&mut o),
+                stride,
+                acc,
+                pool,
+            )
+            .unwrap();
+            o.iter().flat_map(|x| x.to_le_bytes()).collect()
+        }
+    }
+}
+
+#[test]
+fn dequant_matches_ml_dtypes_bit_for_bit() {
+    if !oracle_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let mut case = 0;
+    for format in [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16] {
+        // global scales: the generated tables' ones, a non-power-of-two, one that overflows f16
+        // and bf16 ranges' ends, one that underflows into subnormals
+        let scales: &[f32] = match format {
+            RowFormat::Bf16 => &[1.0],
+            _ => &[0.015625, 0.012_345_679, 3.0e4, 1.0e-7],
+        };
+        let tokens = if format == RowFormat::Bf16 { 70 } else { 80 };
+        for &scale in scales {
+            let r = rows(format, tokens, case as u64 + 17);
+            for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+                for acc in [false, true] {
+                    case += 1;
+                    let stride = 2560 + 3 * (case % 2);
+                    let n = (tokens - 1) * stride + 2560;
+                    let init = init_bytes(dtype, n, case as u64);
+                    // the parallel path on even cases, the serial one on odd cases
+                    let p = if case % 2 == 0 { Some(&pool) } else { None };
+                    let out = run_lib(format, scale, &r, tokens, dtype, stride, acc, &init, p);
+                    let cd = dir.path().join(format!(
+                        "{case:03}-{}-{}-{}-{scale}",
+                        format.name(),
+                        dtype.name(),
+                        if acc { "acc" } else { "set" }
+                    ));
+                    std::fs::create_dir(&cd).unwrap();
+                    std::fs::write(cd.join("rows.bin"), &r).unwrap();
+                    std::fs::write(cd.join("init.bin"), &init).unwrap();
+                    std::fs::write(cd.join("out.bin"), &out).unwrap();
+                    let meta = serde_json::json!({
+                        "format": format.name(), "global_scale": scale, "dtype": dtype.name(),
+                        "accumulate": acc, "tokens": tokens, "stride": stride,
+                    });
+                    std::fs::write(cd.join("meta.json"), meta.to_string()).unwrap();
+                }
+            }
+        }
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/dequant_oracle.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    println!("{text}");
+    assert!(o.status.success(), "oracle disagrees:\n{text}");
+    assert_eq!(text.matches("elements match").count(), case, "{text}");
+}
