@@ -16,12 +16,31 @@ pub struct ple_handle {
     _private: u8,
 }
 
-/// Open handles: the address of each `ple_handle` shell → its pipeline. Every call looks its
-/// handle up here, so a closed or foreign pointer is an error (not undefined behaviour), and a call
-/// racing with `ple_close` keeps the pipeline alive until it returns.
+/// Open handles: handle value → its pipeline. Every call looks its handle up here, never
+/// dereferencing it, so a closed or foreign pointer is an error (not undefined behaviour), and a
+/// call racing with `ple_close` keeps the pipeline alive until it returns.
 type Registry = std::collections::HashMap<usize, Arc<Pipeline>>;
 static HANDLES: std::sync::LazyLock<std::sync::Mutex<Registry>> =
     std::sync::LazyLock::new(Default::default);
+
+/// The value of the first handle. Handle values are ids, not addresses: `HANDLE_BASE + 16 n` for
+/// the n-th `ple_open` of the process, never reused, so a stale pointer kept after `ple_close`
+/// never names a later handle. On 64-bit targets the values are non-canonical addresses: a
+/// caller that dereferences one faults at once instead of reading someone else's memory.
+const HANDLE_BASE: usize = if usize::BITS >= 64 {
+    0x7e1e_0000_0000_0000_u64 as usize
+} else {
+    0x8000_0000
+};
+static NEXT_HANDLE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A handle value never handed out before (see [`HANDLE_BASE`]).
+fn new_handle_id() -> Result<usize> {
+    let n = NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    n.checked_mul(16)
+        .and_then(|o| HANDLE_BASE.checked_add(o))
+        .ok_or_else(|| Error::State("this process has used up its handle ids".into()))
+}
 
 fn handles() -> std::sync::MutexGuard<'static, Registry> {
     HANDLES.lock().unwrap_or_else(|p| p.into_inner())
@@ -78,17 +97,29 @@ pub unsafe extern "C" fn ple_open(
         let opts = unsafe { crate::types::options_from_c(&c)? };
         crate::log::init();
         let pipeline = Arc::new(Pipeline::open(&dir, opts)?);
-        let shell = Box::into_raw(Box::new(ple_handle { _private: 0 }));
-        handles().insert(shell as usize, pipeline);
-        unsafe { *out_handle = shell };
+        let id = new_handle_id()?;
+        handles().insert(id, pipeline);
+        // SAFETY: out_handle was checked non-NULL above; the caller provides a writable slot.
+        unsafe { *out_handle = id as *mut ple_handle };
         Ok(())
     })
 }
 
-/// Closes a handle: stops its worker after the step in flight, unmaps the table, frees everything.
-/// NULL is a no-op, and so is closing a handle that is already closed (as long as no later
-/// `ple_open` has returned the same pointer). Calls still running on other threads finish first;
-/// waits on the closed handle return `PLE_E_STATE`.
+/// Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
+/// have returned, then stops its worker after the step in flight, unmaps the table and frees
+/// everything: when `ple_close` returns nothing of the handle is left running.
+///
+/// Calls on the handle from other threads that are blocked (`ple_wait`, `ple_submit` on a full
+/// ring, the wait inside `ple_dequant_*`, `ple_packed_rows` and `ple_release_step`) return
+/// `PLE_E_STATE` promptly; a dequant already copying rows finishes its copy first. Calls made
+/// after `ple_close` started get `PLE_E_INVALID_ARGUMENT`. NULL is a no-op, and so is a second
+/// `ple_close` of the same pointer: handle values are never reused within a process, so a stale
+/// pointer never closes another handle.
+///
+/// # Safety
+/// `handle` is NULL or a value `ple_open` returned (it is looked up, never dereferenced, so any
+/// other value is reported in the log and ignored). Do not call it from a libple callback for
+/// the handle whose call is running the callback (no libple callback runs inside a handle call).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_close(handle: *mut ple_handle) {
     if handle.is_null() {
@@ -96,18 +127,29 @@ pub unsafe extern "C" fn ple_close(handle: *mut ple_handle) {
     }
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let removed = handles().remove(&(handle as usize));
-        if let Some(p) = removed {
-            p.shutdown();
-            drop(p);
-            // SAFETY: the shell was created by Box::into_raw in ple_open and is freed only here,
-            // once, when its registry entry is removed.
-            drop(unsafe { Box::from_raw(handle) });
-        } else {
-            log::warn!("ple_close({handle:p}): not an open handle; ignored");
+        match removed {
+            Some(p) => close_pipeline(p),
+            None => log::debug!("ple_close({handle:p}): not an open handle; ignored"),
         }
     }));
     if let Err(p) = r {
         log::error!("panic while closing a handle: {}", panic_message(&*p));
+    }
+}
+
+/// Shuts `p` down and drops it once every other call holding it has returned (they are woken by
+/// the shutdown and return within microseconds; a running dequant within its copy time).
+fn close_pipeline(mut p: Arc<Pipeline>) {
+    p.shutdown();
+    let mut pause = std::time::Duration::from_micros(20);
+    loop {
+        match Arc::try_unwrap(p) {
+            // dropping the pipeline joins its worker and pool threads
+            Ok(pipeline) => return drop(pipeline),
+            Err(still_shared) => p = still_shared,
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(1));
     }
 }
 

@@ -76,7 +76,10 @@ pub unsafe extern "C" fn ple_wait(
 ) -> ple_status {
     ffi_guard!({
         let h = handle_ref(handle)?;
-        h.wait(seq, timeout_us)
+        match timeout_us {
+            0 => h.poll(seq),
+            t => h.wait(seq, t),
+        }
     })
 }
 

@@ -26,6 +26,10 @@ pub const PLE_ABI_VERSION: u32 =
 pub const PLE_NUM_HEADS: u32 = 16;
 /// Elements of one token's PLE embedding (16 heads x 160).
 pub const PLE_EMBED_DIM: u32 = 2560;
+/// Most requests a handle tracks at once (tracked mode). A batch that would track more is refused
+/// with `PLE_E_STATE` (requests are never evicted: an evicted request would read wrong context);
+/// `ple_release_request` forgets finished ones.
+pub const PLE_MAX_TRACKED_REQUESTS: u32 = 65536;
 
 /// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
 pub type ple_format = i32;
