@@ -1,6 +1,8 @@
 //! `ple_handle`: the registry of open handles, open/close, table facts and counters.
 
-use crate::boundary::{nonnull, panic_message, path_arg, read_versioned, write_versioned};
+use crate::boundary::{
+    nonnull, panic_message, path_arg, read_versioned, write_out, write_versioned,
+};
 use crate::status::ple_status;
 use crate::types::{ple_options, ple_stats, ple_table_info};
 use ple_core::step::Pipeline;
@@ -9,9 +11,14 @@ use std::ffi::c_char;
 use std::sync::Arc;
 
 /// Opaque handle to an open table and its step pipeline. Create with `ple_open`, free with
-/// `ple_close`. Thread safety: `ple_submit` calls on one handle must come from one thread at a time
-/// (they are serialised internally); `ple_wait`, `ple_stats`, `ple_table_info`, `ple_ngram_ids`
-/// may be called from any thread concurrently.
+/// `ple_close`. A handle's value is an id, never an address: libple never dereferences it, never
+/// hands the same value out twice in a process, and answers a closed or foreign value with
+/// `PLE_E_INVALID_ARGUMENT`.
+///
+/// Thread safety: every call may come from any thread. `ple_submit` calls on one handle are
+/// serialised internally (submit from one thread to keep the order of your seqs); `ple_wait`,
+/// `ple_stats`, `ple_table_info`, `ple_ngram_ids` may run concurrently with anything, and
+/// `ple_close` with any of them (see `ple_close`).
 pub struct ple_handle {
     _private: u8,
 }
@@ -57,22 +64,32 @@ pub(crate) fn handle_ref(h: *const ple_handle) -> Result<Arc<Pipeline>> {
 }
 
 /// Fills `options` with the defaults (and `struct_size`). Returns `PLE_E_INVALID_ARGUMENT` on NULL.
+///
+/// # Safety
+/// `options` is NULL or points to writable memory for one `ple_options`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_options_default(options: *mut ple_options) -> ple_status {
     ffi_guard!({
-        nonnull(options, "options")?;
-        unsafe {
-            options.write(crate::types::options_to_c(
-                &ple_core::step::OpenOptions::default(),
-            ))
-        };
-        Ok(())
+        let d = crate::types::options_to_c(&ple_core::step::OpenOptions::default());
+        // SAFETY: `options` is NULL or writable (this function's contract).
+        unsafe { write_out(options, d, "options") }
     })
 }
 
 /// Opens the packed table in directory `table_dir` (read-only mmap, MADV_RANDOM), validates it,
 /// and starts its step pipeline. `options` may be NULL for the defaults. On success `*out_handle`
 /// owns the handle (free it with `ple_close`); on failure it is set to NULL.
+///
+/// Before anything is allocated, the staging the options ask for (`max_in_flight ×
+/// max_tokens_per_step × 16 × row_bytes` bytes) is compared with the memory the machine can give
+/// (MemAvailable, or the cgroup's `memory.max` headroom when smaller): more is refused with
+/// `PLE_E_OUT_OF_MEMORY` and a message naming the bytes needed. `cuda_device >= 0` on a machine
+/// without a CUDA driver returns `PLE_E_CUDA_UNAVAILABLE`.
+///
+/// # Safety
+/// `table_dir` is NULL or a NUL-terminated string; `options` is NULL or an initialised
+/// `ple_options` (from `ple_options_default`) whose path fields are NULL or NUL-terminated
+/// strings; `out_handle` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_open(
     table_dir: *const c_char,
@@ -80,28 +97,24 @@ pub unsafe extern "C" fn ple_open(
     out_handle: *mut *mut ple_handle,
 ) -> ple_status {
     ffi_guard!({
-        nonnull(out_handle, "out_handle")?;
-        unsafe { *out_handle = std::ptr::null_mut() };
+        // SAFETY: (this and the calls below) the pointers meet this function's contract.
+        unsafe { write_out(out_handle, std::ptr::null_mut(), "out_handle")? };
+        // SAFETY: as above.
         let dir = unsafe { path_arg(table_dir, "table_dir")? };
         let mut c = crate::types::options_to_c(&ple_core::step::OpenOptions::default());
         if !options.is_null() {
-            unsafe {
-                read_versioned(
-                    options,
-                    &mut c,
-                    std::mem::size_of::<ple_options>(),
-                    "options",
-                )?
-            };
+            let min = std::mem::size_of::<ple_options>();
+            // SAFETY: as above.
+            unsafe { read_versioned(options, &mut c, min, "options")? };
         }
+        // SAFETY: the path fields of `c` are NULL or NUL-terminated (this function's contract).
         let opts = unsafe { crate::types::options_from_c(&c)? };
         crate::log::init();
         let pipeline = Arc::new(Pipeline::open(&dir, opts)?);
         let id = new_handle_id()?;
         handles().insert(id, pipeline);
-        // SAFETY: out_handle was checked non-NULL above; the caller provides a writable slot.
-        unsafe { *out_handle = id as *mut ple_handle };
-        Ok(())
+        // SAFETY: as above.
+        unsafe { write_out(out_handle, id as *mut ple_handle, "out_handle") }
     })
 }
 
@@ -154,6 +167,9 @@ fn close_pipeline(mut p: Arc<Pipeline>) {
 }
 
 /// Copies facts about the open table into `*info` (set `info->struct_size = sizeof(ple_info)`).
+///
+/// # Safety
+/// `info` is NULL or points to a writable struct of `info->struct_size` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_table_info(
     handle: *const ple_handle,
@@ -162,19 +178,24 @@ pub unsafe extern "C" fn ple_table_info(
     ffi_guard!({
         let h = handle_ref(handle)?;
         let i = crate::types::info_to_c(&h.table_info());
+        // SAFETY: `info` meets this function's contract.
         unsafe { write_versioned(&i, info, "info") }
     })
 }
 
 /// Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
 /// Residency and MemAvailable are measured at the call: one mincore over the whole table, about
-/// 0.15 s for a 4 GiB table on the development VM and proportional to the table's size — poll it
+/// 0.15 s per 4 GiB of table (it grows with the table's size) — poll it
 /// now and then, not every step (the other counters cost nothing to keep).
+///
+/// # Safety
+/// `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_stats(handle: *const ple_handle, stats: *mut ple_stats) -> ple_status {
     ffi_guard!({
         let h = handle_ref(handle)?;
         let s = crate::types::counters_to_c(&h.stats());
+        // SAFETY: `stats` meets this function's contract.
         unsafe { write_versioned(&s, stats, "stats") }
     })
 }

@@ -8,15 +8,18 @@
 //! only later log messages, never a step, a wait or a submit.
 
 use crate::status::ple_status;
-use crate::types::ple_log_fn;
+use crate::types::{
+    PLE_LOG_DEBUG, PLE_LOG_ERROR, PLE_LOG_INFO, PLE_LOG_TRACE, PLE_LOG_WARN, ple_log_fn,
+    ple_log_level,
+};
 use std::ffi::{CString, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
-/// C callback: `level` is 1 = error … 5 = trace; `msg` is valid only during the call.
+/// C callback: `level` is a `PLE_LOG_*` value; `msg` is valid only during the call.
 pub type LogCallback =
-    extern "C" fn(level: i32, msg: *const std::ffi::c_char, user_data: *mut c_void);
+    extern "C" fn(level: ple_log_level, msg: *const std::ffi::c_char, user_data: *mut c_void);
 
 /// Log records queued for the callback at most; more are dropped (and counted) until it catches up.
 pub const QUEUE_RECORDS: usize = 4096;
@@ -100,7 +103,7 @@ fn deliver_loop(rx: Receiver<(i32, CString)>) {
             if lost > 0 {
                 let note = format!("libple: {lost} log messages dropped (the callback is slow)");
                 if let Ok(c) = CString::new(note) {
-                    (s.cb)(2, c.as_ptr(), s.user as *mut c_void);
+                    (s.cb)(PLE_LOG_WARN, c.as_ptr(), s.user as *mut c_void);
                 }
             }
             (s.cb)(level, msg.as_ptr(), s.user as *mut c_void);
@@ -199,7 +202,7 @@ pub fn set_callback(cb: Option<LogCallback>, user: *mut c_void, max_level: log::
     }
 }
 
-/// Routes libple's log messages to `callback` (NULL removes it). `max_level` (1..5) is the most
+/// Routes libple's log messages to `callback` (NULL removes it). `max_level` (`PLE_LOG_*`) is the most
 /// verbose level delivered. Without a callback, messages go to stderr at the level named by the
 /// `PLE_LOG` environment variable (default warn), unless the process installed its own Rust logger.
 ///
@@ -216,17 +219,21 @@ pub fn set_callback(cb: Option<LogCallback>, user: *mut c_void, max_level: log::
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_set_log_callback(
     callback: ple_log_fn,
-    max_level: i32,
+    max_level: ple_log_level,
     user_data: *mut c_void,
 ) -> ple_status {
     ffi_guard!({
         let level = match max_level {
-            1 => log::LevelFilter::Error,
-            2 => log::LevelFilter::Warn,
-            3 => log::LevelFilter::Info,
-            4 => log::LevelFilter::Debug,
-            5 => log::LevelFilter::Trace,
-            _ => return ple_core::invalid!("max_level {max_level} not in 1..=5"),
+            PLE_LOG_ERROR => log::LevelFilter::Error,
+            PLE_LOG_WARN => log::LevelFilter::Warn,
+            PLE_LOG_INFO => log::LevelFilter::Info,
+            PLE_LOG_DEBUG => log::LevelFilter::Debug,
+            PLE_LOG_TRACE => log::LevelFilter::Trace,
+            _ => {
+                return ple_core::invalid!(
+                    "max_level {max_level} is not a PLE_LOG_* value (1..=5)"
+                );
+            }
         };
         set_callback(callback, user_data, level);
         Ok(())
