@@ -27,9 +27,11 @@ pub(super) fn gpu_pass(
     let engine = ple_core::dequant::gpu::EngineStream::new(0, max_tokens * DIM * 4)?;
     let mut info = ple_table_info {
         struct_size: std::mem::size_of::<ple_table_info>(),
+        // SAFETY: ple_info is plain data (integers and char arrays): all-zero is a valid value.
         ..unsafe { std::mem::zeroed() }
     };
     check(
+        // SAFETY: the handle is open; `info` is a writable ple_info with its struct_size set.
         unsafe { ple_table_info(gpu.0, &mut info) },
         "ple_table_info",
     )?;
@@ -42,10 +44,12 @@ pub(super) fn gpu_pass(
         let n = s.tokens.len();
         let t0 = Instant::now();
         check(
+            // SAFETY: the handle is open; the batch points into `s`, which outlives the call.
             unsafe { ple_submit(gpu.0, &b, seq) },
             "ple_submit (GPU handle)",
         )?;
         check(
+            // SAFETY: the handle is open; `engine.buffer()` is a device allocation of `max_tokens` rows of f32 on `engine.stream()`.
             unsafe {
                 ple_dequant_fuse(
                     gpu.0,
@@ -62,10 +66,12 @@ pub(super) fn gpu_pass(
         engine.download(&mut got[..n * DIM * 4])?;
         total_ms += t0.elapsed().as_secs_f64() * 1e3;
         check(
+            // SAFETY: the handle is open; the batch points into `s`, which outlives the call.
             unsafe { ple_submit(cpu.0, &b, seq) },
             "ple_submit (CPU handle)",
         )?;
         check(
+            // SAFETY: the handle is open; `want` holds `max_tokens` rows of f32 (>= the step's tokens).
             unsafe {
                 ple_dequant_cpu(
                     cpu.0,
@@ -79,11 +85,13 @@ pub(super) fn gpu_pass(
             "ple_dequant_cpu",
         )?;
         let want_bytes =
+            // SAFETY: `want` holds at least `n * DIM` f32, viewed as their bytes (u8 has no alignment or validity needs).
             unsafe { std::slice::from_raw_parts(want.as_ptr() as *const u8, n * DIM * 4) };
         if want_bytes != &got[..n * DIM * 4] {
             mismatched += 1;
         }
     }
+    // SAFETY: the handle is open.
     check(unsafe { ple_check_device(gpu.0) }, "ple_check_device")?;
     if mismatched > 0 {
         return Err(Error::State(format!(

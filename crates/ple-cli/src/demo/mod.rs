@@ -13,6 +13,8 @@
 //!    scalar rule.
 //! 4. Prints a summary and writes `demo-report.json` and `demo-latency.svg` into the work directory.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod gpu;
 mod reference;
 mod replay;
@@ -38,9 +40,11 @@ fn check(status: ple_status, what: &str) -> Result<()> {
     if status == PLE_OK {
         return Ok(());
     }
+    // SAFETY: ple_last_error_message never returns NULL; the text is NUL-terminated and lives until the next libple call on this thread.
     let msg = unsafe { std::ffi::CStr::from_ptr(ple_last_error_message()) }
         .to_string_lossy()
         .into_owned();
+    // SAFETY: ple_status_name returns a static NUL-terminated string.
     Err(Error::State(format!("{what}: {}: {msg}", unsafe {
         std::ffi::CStr::from_ptr(ple_status_name(status)).to_string_lossy()
     })))
@@ -58,15 +62,18 @@ impl Handle {
     fn open(dir: &Path, prefetch: i32, cuda_device: i32) -> Result<Handle> {
         let mut o = std::mem::MaybeUninit::<ple_options>::uninit();
         check(
+            // SAFETY: `o` is writable memory for one ple_options.
             unsafe { ple_options_default(o.as_mut_ptr()) },
             "ple_options_default",
         )?;
+        // SAFETY: ple_options_default returned OK, so it initialised every field.
         let mut o = unsafe { o.assume_init() };
         o.max_tokens_per_step = 4096;
         o.prefetch_policy = prefetch;
         o.cuda_device = cuda_device;
         let mut h = std::ptr::null_mut();
         let d = cstr(dir)?;
+        // SAFETY: `d` is a NUL-terminated path, `o` initialised options, `h` a writable local.
         check(unsafe { ple_open(d.as_ptr(), &o, &mut h) }, "ple_open")?;
         Ok(Handle(h))
     }
@@ -75,6 +82,7 @@ impl Handle {
             struct_size: std::mem::size_of::<ple_stats>(),
             ..Default::default()
         };
+        // SAFETY: the handle is open; `s` is writable with its struct_size set.
         check(unsafe { ple_stats(self.0, &mut s) }, "ple_stats")?;
         Ok(s)
     }
@@ -82,15 +90,17 @@ impl Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
+        // SAFETY: the handle is open and closed only here, once.
         unsafe { ple_close(self.0) };
     }
 }
 
-/// Evicts the table's pages from the page cache (POSIX_FADV_DONTNEED); returns false if the
-/// kernel kept them (e.g. dirty pages).
+/// Evicts the table's pages from the page cache (POSIX_FADV_DONTNEED), best effort: the
+/// kernel may keep some (e.g. dirty pages).
 fn evict(rows: &Path) -> Result<()> {
     let f = std::fs::File::open(rows).map_err(|e| Error::io_path("opening", rows, e))?;
     use std::os::fd::AsRawFd;
+    // SAFETY: `f` is an open file descriptor for the calls' duration; both calls only take it and plain integers.
     unsafe {
         libc::fdatasync(f.as_raw_fd());
         libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
@@ -217,7 +227,8 @@ pub fn run(work: &Path) -> Result<()> {
     std::fs::write(&jp, serde_json::to_string_pretty(&json).unwrap())
         .map_err(|e| Error::io_path("writing", &jp, e))?;
     let sp = work.join("demo-latency.svg");
-    std::fs::write(&sp, report::svg(&cold, &warm)).map_err(|e| Error::io_path("writing", &sp, e))?;
+    std::fs::write(&sp, report::svg(&cold, &warm))
+        .map_err(|e| Error::io_path("writing", &sp, e))?;
     println!(
         "  wrote {} and {} ({:.1} s in all)",
         jp.display(),

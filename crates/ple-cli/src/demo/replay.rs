@@ -73,11 +73,14 @@ pub(super) fn replay(
         let b = s.batch();
         let mut lib_ids = vec![0i64; s.tokens.len() * 16];
         check(
+            // SAFETY: the handle is open; the batch points into `s`; `lib_ids` holds 16 ids per token.
             unsafe { ple_ngram_ids(h.0, &b, lib_ids.as_mut_ptr()) },
             "ple_ngram_ids",
         )?;
         let t0 = Instant::now();
+        // SAFETY: the handle is open; the batch points into `s`, which outlives the call.
         check(unsafe { ple_submit(h.0, &b, seq) }, "ple_submit")?;
+        // SAFETY: the handle is open.
         check(unsafe { ple_wait(h.0, seq, WAIT_US) }, "ple_wait")?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         rep.step_ms.push(ms);
@@ -90,15 +93,16 @@ pub(super) fn replay(
         let mut rows_ptr = std::ptr::null();
         let mut nt = 0u32;
         check(
+            // SAFETY: the handle is open; both out-pointers are writable locals.
             unsafe { ple_packed_rows(h.0, seq, &mut rows_ptr, &mut nt) },
             "ple_packed_rows",
         )?;
         let staged =
+            // SAFETY: ple_packed_rows returned OK: `rows_ptr` holds `nt` tokens of 16 rows of `rb` bytes until the step is consumed (below).
             unsafe { std::slice::from_raw_parts(rows_ptr, nt as usize * 16 * rb) }.to_vec();
         check(
-            unsafe {
-                ple_dequant_cpu(h.0, seq, out.as_mut_ptr() as *mut _, PLE_DTYPE_F32, DIM, 0)
-            },
+            // SAFETY: the handle is open; `out` holds 4096 rows of DIM f32, and a step has at most 4096 tokens (max_tokens_per_step).
+            unsafe { ple_dequant_cpu(h.0, seq, out.as_mut_ptr() as *mut _, PLE_DTYPE_F32, DIM, 0) },
             "ple_dequant_cpu",
         )?;
         // verify sampled tokens (all of a decode step's, every 17th of a prefill step's)
@@ -160,9 +164,12 @@ pub(super) fn cold_chunk_ms(table_dir: &Path, rows: &Path, policy: i32) -> Resul
     evict(rows)?;
     let b = s.batch();
     let t0 = Instant::now();
+    // SAFETY: the handle is open; the batch points into `s`, which outlives the call.
     check(unsafe { ple_submit(h.0, &b, 1) }, "ple_submit")?;
+    // SAFETY: the handle is open.
     check(unsafe { ple_wait(h.0, 1, WAIT_US) }, "ple_wait")?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
+    // SAFETY: the handle is open.
     check(unsafe { ple_release_step(h.0, 1) }, "ple_release_step")?;
     Ok(ms)
 }
