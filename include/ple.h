@@ -640,9 +640,8 @@ ple_status ple_open(const char *table_dir, const struct ple_options *options, st
  * pointer never closes another handle.
  *
  * # Safety
- * `handle` is NULL or a value `ple_open` returned (it is looked up, never dereferenced, so any
- * other value is reported in the log and ignored). Do not call it from a libple callback for
- * the handle whose call is running the callback (no libple callback runs inside a handle call).
+ * Safe for any value of `handle`: it is looked up, never dereferenced, and a value that is not
+ * an open handle is ignored (and logged at debug level). It may be called from a libple callback.
  */
 void ple_close(struct ple_handle *handle);
 

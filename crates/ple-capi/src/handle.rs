@@ -130,9 +130,8 @@ pub unsafe extern "C" fn ple_open(
 /// pointer never closes another handle.
 ///
 /// # Safety
-/// `handle` is NULL or a value `ple_open` returned (it is looked up, never dereferenced, so any
-/// other value is reported in the log and ignored). Do not call it from a libple callback for
-/// the handle whose call is running the callback (no libple callback runs inside a handle call).
+/// Safe for any value of `handle`: it is looked up, never dereferenced, and a value that is not
+/// an open handle is ignored (and logged at debug level). It may be called from a libple callback.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_close(handle: *mut ple_handle) {
     if handle.is_null() {
