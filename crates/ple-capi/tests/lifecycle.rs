@@ -2,6 +2,8 @@
 //! process's open files and memory mappings as they were. Alone in its own test binary, so no
 //! other test opens files meanwhile (the tests here take `SERIAL` for the same reason).
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use ple::*;
 use std::ffi::CString;
 use std::time::{Duration, Instant};

@@ -2,6 +2,8 @@
 //! (docs/RELIABILITY.md, "C API and pipeline"). In their own test binary: the callback is
 //! process-wide, and other tests' messages would reach it.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use common::*;
@@ -53,10 +55,8 @@ fn a_log_callback_may_call_libple_on_the_handle_that_logged() {
         CB_HANDLE.store(h as usize, Ordering::SeqCst);
         CB_CALLS.store(0, Ordering::SeqCst);
         // SAFETY: a valid callback that is safe from any thread.
-        assert_eq!(
-            unsafe { ple_set_log_callback(Some(reentrant_cb), 5, std::ptr::null_mut()) },
-            PLE_OK
-        );
+        let s = unsafe { ple_set_log_callback(Some(reentrant_cb), 5, std::ptr::null_mut()) };
+        assert_eq!(s, PLE_OK);
         let hv = h as usize;
         within(
             Duration::from_secs(20),
@@ -93,10 +93,8 @@ fn a_slow_log_callback_does_not_slow_the_caller() {
     let _g = LOG_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     CB_CALLS.store(0, Ordering::SeqCst);
     // SAFETY: a valid callback that is safe from any thread.
-    assert_eq!(
-        unsafe { ple_set_log_callback(Some(slow_cb), 4, std::ptr::null_mut()) },
-        PLE_OK
-    );
+    let s = unsafe { ple_set_log_callback(Some(slow_cb), 4, std::ptr::null_mut()) };
+    assert_eq!(s, PLE_OK);
     let bogus = 0x10usize as *mut ple_handle;
     let t = Instant::now();
     for _ in 0..5 {

@@ -3,6 +3,8 @@
 //! confused after close, options are bounded by the machine, a step is consumed only by a call
 //! that succeeds, and `ple_wait(.., 0)` polls. (The log-callback contracts: `log_callback.rs`.)
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use common::*;
@@ -80,7 +82,7 @@ fn close_wakes_a_submit_parked_on_a_full_ring() {
 fn wait_zero_polls() {
     let (_d, dir) = table();
     let h = open(&dir, &options(|_| {}));
-    // SAFETY (whole block): `h` is open until the ple_close at the end.
+    // SAFETY: (whole block) `h` is open until the ple_close at the end.
     unsafe {
         assert_eq!(submit(h, 1, 8, 1), PLE_OK);
         // a poll never blocks: OK once the step is done, PLE_E_TIMEOUT before
@@ -133,7 +135,7 @@ fn a_failed_dequant_leaves_the_step_intact() {
     let (_d, dir) = table();
     let h = open(&dir, &options(|_| {}));
     let mut out = vec![0f32; 8 * PLE_EMBED_DIM as usize];
-    // SAFETY (whole block): `h` is open; `out` holds 8 rows of PLE_EMBED_DIM f32.
+    // SAFETY: (whole block) `h` is open; `out` holds 8 rows of PLE_EMBED_DIM f32.
     unsafe {
         assert_eq!(submit(h, 1, 8, 1), PLE_OK);
         let p = out.as_mut_ptr() as *mut c_void;
@@ -166,7 +168,7 @@ fn tracked_requests_are_bounded_with_a_clear_error() {
     assert_eq!(max, PLE_MAX_TRACKED_REQUESTS as u64);
     let mut seq = 0;
     let mut next_req = 0;
-    // SAFETY (whole block): `h` is open until the ple_close at the end.
+    // SAFETY: (whole block) `h` is open until the ple_close at the end.
     unsafe {
         while next_req < max {
             let n = (max - next_req).min(8192) as u32;
