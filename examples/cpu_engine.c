@@ -12,9 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EOS 248044
-#define DIM 2560
-
 #define TRY(call)                                                                                   \
     do {                                                                                            \
         ple_status s_ = (call);                                                                     \
@@ -29,10 +26,10 @@ static float *hidden;
 
 static void consume(ple_handle *h, uint64_t seq, uint32_t num_tokens) {
     /* ple_dequant_cpu waits for the step, adds its rows into `hidden`, and frees its ring slot. */
-    memset(hidden, 0, sizeof(float) * num_tokens * DIM);
-    TRY(ple_dequant_cpu(h, seq, hidden, PLE_DTYPE_F32, DIM, PLE_FUSE_ACCUMULATE));
+    memset(hidden, 0, sizeof(float) * num_tokens * PLE_EMBED_DIM);
+    TRY(ple_dequant_cpu(h, seq, hidden, PLE_DTYPE_F32, PLE_EMBED_DIM, PLE_FUSE_ACCUMULATE));
     double sum = 0;
-    for (size_t i = 0; i < (size_t)num_tokens * DIM; i++) sum += hidden[i] * hidden[i];
+    for (size_t i = 0; i < (size_t)num_tokens * PLE_EMBED_DIM; i++) sum += hidden[i] * hidden[i];
     printf("step %3llu: %4u tokens, |ple| = %.3f\n", (unsigned long long)seq, num_tokens, sum);
 }
 
@@ -51,14 +48,19 @@ int main(int argc, char **argv) {
     opts.max_in_flight = 2;
     ple_handle *h = NULL;
     TRY(ple_open(argv[1], &opts, &h));
-    hidden = malloc(sizeof(float) * 1024 * DIM);
+    ple_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    TRY(ple_table_info(h, &info));
+    const int32_t eos = info.eos_token_id; /* also the BOS of this model family */
+    hidden = malloc(sizeof(float) * 1024 * PLE_EMBED_DIM);
 
     /* Prefill: request 1, a 512-token chunk starting with BOS (= EOS), tracked mode (context NULL:
      * libple remembers each request's recent tokens by position). */
     enum { P = 512 };
     int32_t toks[P], pos[P];
     for (int i = 0; i < P; i++) {
-        toks[i] = i == 0 ? EOS : (int32_t)((i * 2654435761u) % 200000u);
+        toks[i] = i == 0 ? eos : (int32_t)((i * 2654435761u) % 200000u);
         pos[i] = i;
     }
     uint64_t r1 = 1;
@@ -81,7 +83,7 @@ int main(int argc, char **argv) {
             qs[r] = n;
             int len = r == 2 ? 4 : 1;
             for (int k = 0; k < len; k++) {
-                dt[n] = (step == 0 && next_pos[r + 1] == 0 && k == 0) ? EOS : 1000 + 37 * step + 11 * r + k;
+                dt[n] = (step == 0 && next_pos[r + 1] == 0 && k == 0) ? eos : 1000 + 37 * step + 11 * r + k;
                 dp[n] = next_pos[r + 1] + k;
                 n++;
             }

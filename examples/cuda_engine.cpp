@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
         // ... the engine's layer-1 kernels would consume `hidden` here, on the same stream ...
     }
     CUDA_TRY(cudaStreamSynchronize(stream));
-    TRY(ple_wait(h, seq, 0));  // surfaces any step error
+    TRY(ple_wait(h, seq, UINT64_MAX));  // surfaces any step error (0 would only poll)
 
     ple_counters st{};
     st.struct_size = sizeof st;

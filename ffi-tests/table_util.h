@@ -11,8 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define EOS 248044
-
 /* Runs `$PLE_BIN synth-table <dir> <args>`; returns 0 on success. */
 static inline int make_table(const char *dir, const char *args) {
     const char *bin = getenv("PLE_BIN");

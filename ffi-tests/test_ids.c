@@ -31,10 +31,12 @@ int main(void) {
     CHECK(info.addressed_rows == 320001446ull);
     CHECK(info.file_size == 28800138240ull);
     CHECK(info.num_heads == 16 && info.head_dim == 160 && info.ngram_size == 3);
-    CHECK(info.vocab_size == 248320 && info.eos_token_id == EOS);
+    /* the model's vocabulary and EOS id, as its config states them */
+    CHECK(info.vocab_size == 248320 && info.eos_token_id == 248044);
+    const int32_t eos = info.eos_token_id;
 
     /* The first token of a sequence: stateless with context (EOS, EOS), and tracked at position 0. */
-    int32_t tok = 9707, pos = 0, ctx[2] = {EOS, EOS};
+    int32_t tok = 9707, pos = 0, ctx[2] = {eos, eos};
     uint64_t rid = 42;
     uint32_t qs[2] = {0, 1};
     int64_t ids[16];
@@ -47,7 +49,7 @@ int main(void) {
     CHECK(memcmp(ids, SPEC_VECTOR, sizeof ids) == 0);
 
     /* Errors, never guesses. */
-    int32_t bad_tok = 248320;
+    int32_t bad_tok = (int32_t)info.vocab_size;
     ple_batch e = {&bad_tok, &pos, 1, &rid, qs, 1, NULL};
     CHECK_STATUS(ple_ngram_ids(h, &e, ids), PLE_E_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("248320");

@@ -12,7 +12,10 @@ static int check_step(ple_handle *h, const char *dir, uint64_t seq, const int64_
     int bad = 0;
     const uint8_t *rows = NULL;
     uint32_t ntok = 0;
+    CHECK_STATUS(ple_wait(h, seq, 10 * 1000 * 1000), PLE_OK);
+    /* timeout 0 polls: a complete step is PLE_OK at once, a seq never submitted a state error */
     CHECK_STATUS(ple_wait(h, seq, 0), PLE_OK);
+    CHECK_STATUS(ple_wait(h, seq + 1000, 0), PLE_E_STATE);
     CHECK_STATUS(ple_packed_rows(h, seq, &rows, &ntok), PLE_OK);
     CHECK(ntok == n);
     if (rows == NULL || ntok != n) return 1;
@@ -25,9 +28,12 @@ static int check_step(ple_handle *h, const char *dir, uint64_t seq, const int64_
         }
     CHECK(bad == 0);
     /* dequantise and compare with the scalar decoder, bit for bit */
-    size_t stride = 2560 + 64; /* padded rows */
+    size_t stride = PLE_EMBED_DIM + 64; /* padded rows */
     float *out = calloc((size_t)n * stride, sizeof(float));
     float ref[160];
+    /* refused arguments leave the step in place: the retry below still finds it */
+    CHECK_STATUS(ple_dequant_cpu(h, seq, out, PLE_DTYPE_F32, SIZE_MAX, 0), PLE_E_INVALID_ARGUMENT);
+    CHECK_STATUS(ple_dequant_cpu(h, seq, out, (ple_dtype)99, stride, 0), PLE_E_INVALID_ARGUMENT);
     CHECK_STATUS(ple_dequant_cpu(h, seq, out, PLE_DTYPE_F32, stride, 0), PLE_OK);
     int mism = 0;
     for (uint32_t t = 0; t < n; t++)
@@ -64,7 +70,7 @@ int main(void) {
     /* step 1: a prefill chunk for request 1 (tracked mode) */
     int32_t toks[PREFILL], pos[PREFILL];
     for (int i = 0; i < PREFILL; i++) {
-        toks[i] = (i % 50 == 0) ? EOS : (int32_t)((i * 7919) % 248320);
+        toks[i] = (i % 50 == 0) ? info.eos_token_id : (int32_t)((i * 7919) % (int32_t)info.vocab_size);
         pos[i] = i;
     }
     uint64_t rid1 = 1;
@@ -84,7 +90,7 @@ int main(void) {
         uint32_t qs[REQS + 1];
         for (int r = 0; r < REQS; r++) {
             rids[r] = (uint64_t)r + 1;
-            dt[r] = (int32_t)((step * 131 + r * 17 + 5) % 248320);
+            dt[r] = (int32_t)((step * 131 + r * 17 + 5) % (int32_t)info.vocab_size);
             dp[r] = r == 0 ? PREFILL + step : step;
             qs[r] = (uint32_t)r;
         }

@@ -31,6 +31,7 @@ subst() {
       -e "s|@PLE_VERSION_MINOR@|$minor|g" -e "s|@PLE_SONAME@|$soname|g" "$1" > "$2"
 }
 subst cmake/pleConfig.cmake.in "$prefix/lib/cmake/ple/pleConfig.cmake"
-subst cmake/pleConfigVersion.cmake.in "$prefix/lib/cmake/ple/pleConfigVersion.cmake"
+cmake -DPLE_VERSION="$version" -DOUT="$prefix/lib/cmake/ple/pleConfigVersion.cmake" \
+      -P cmake/pleConfigVersion.cmake
 subst cmake/ple.pc.in "$prefix/lib/pkgconfig/ple.pc"
 echo "installed libple $version into $prefix"

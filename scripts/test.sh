@@ -3,7 +3,7 @@
 # (cmake, valgrind from Debian packages; numpy, ml_dtypes, safetensors, the CUDA compiler wheels from
 # PyPI), then: format and lint checks, Rust tests (incl. header drift and the Python oracles), the
 # CUDA kernels compiled for real, install into a temporary prefix, the C tests and examples built
-# through find_package(ple) and run under ctest, and once more under valgrind.
+# through find_package(ple) and run under ctest: plain, with ASan + UBSan, and under valgrind.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -53,10 +53,24 @@ cc -std=c11 -Wall -Wextra -Werror -pedantic ffi-tests/test_version.c -Iffi-tests
    $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs ple) -o "$work/pc_version"
 LD_LIBRARY_PATH="$prefix/lib" "$work/pc_version"
 
+step "CMake package version rule (SameMinorVersion at 0.x)"
+mkdir -p "$work/vcheck"
+for want in "0.1 ok" "0.1.0 ok" "0.2 refused" "1.0 refused"; do
+  printf 'cmake_minimum_required(VERSION 3.16)\nproject(v NONE)\nfind_package(ple %s CONFIG REQUIRED)\n' \
+    "${want% *}" > "$work/vcheck/CMakeLists.txt"
+  if cmake -S "$work/vcheck" -B "$work/vcheck/build-${want% *}" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null 2>&1; then
+    got=ok; else got=refused; fi
+  [ "$got" = "${want#* }" ] || { echo "find_package(ple ${want% *}): $got, expected ${want#* }" >&2; exit 1; }
+done
+echo "find_package(ple 0.1 / 0.1.0) found; 0.2 and 1.0 refused"
+
 step "C tests through find_package(ple) and ctest"
 cmake -S ffi-tests -B "$work/ffi" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build "$work/ffi" -j 2 >/dev/null
-ctest --test-dir "$work/ffi" --output-on-failure
+ctest --test-dir "$work/ffi" --output-on-failure -LE 'sanitize|valgrind'
+
+step "C tests built with AddressSanitizer + UndefinedBehaviorSanitizer (ctest -L sanitize)"
+ctest --test-dir "$work/ffi" --output-on-failure -L sanitize
 
 step "examples (engine integration) through find_package(ple) and ctest"
 cmake -S examples -B "$work/examples" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
@@ -74,14 +88,8 @@ g++ -std=c++17 -Wall -Wextra -Werror -I"$prefix/include" -I"$site/nvidia/cuda_ru
     -Wl,-rpath,"$prefix/lib:$site/nvidia/cuda_runtime/lib"
 "$work/cuda_engine" "$work/examples/example-table"
 
-step "C tests under valgrind"
-for t in $(ctest --test-dir "$work/ffi" -N | sed -n 's/^ *Test *#[0-9]*: //p'); do
-  exe="$work/ffi/$t"
-  [ -x "$exe" ] || continue
-  PLE_BIN="$prefix/bin/ple" PLE_LOG=error valgrind -q --error-exitcode=99 --leak-check=full \
-    --errors-for-leak-kinds=definite,indirect --show-leak-kinds=definite,indirect "$exe" >/dev/null
-  echo "valgrind: $t clean"
-done
+step "C tests under valgrind (ctest -L valgrind)"
+ctest --test-dir "$work/ffi" --output-on-failure -L valgrind
 
 echo
 echo "all test stages passed"

@@ -42,7 +42,78 @@ fn main() {
     for f in SECTIONS {
         b = b.with_src(crate_dir.join("src").join(f));
     }
+    let mut text = Vec::new();
     b.generate()
         .expect("cbindgen failed on the C API sources")
-        .write_to_file(&header);
+        .write(&mut text);
+    let text = String::from_utf8(text).expect("cbindgen writes UTF-8");
+    std::fs::write(&header, with_banners(&text)).expect("writing the generated header");
+}
+
+/// The header's section banners: (title, the line that starts the section's first item). cbindgen
+/// orders items by kind (constants, types, functions), so the sections follow that order.
+const BANNERS: &[(&str, &str)] = &[
+    ("Versions and limits", "#define PLE_VERSION_MAJOR"),
+    ("Status codes", "typedef enum ple_status_code"),
+    (
+        "Types: handle, options, table facts, counters, batches, callbacks",
+        "typedef struct ple_handle",
+    ),
+    (
+        "Values of the typed fields and arguments (PLE_FORMAT_*, PLE_DTYPE_*, ...)",
+        "#define PLE_FORMAT_NVFP4",
+    ),
+    (
+        "Errors, versions and logging",
+        "const char *ple_status_name(",
+    ),
+    (
+        "Handles: open, close, table facts, counters",
+        "ple_status ple_options_default(",
+    ),
+    (
+        "Steps: submit, wait, host views, CPU dequant, row ids",
+        "ple_status ple_submit(",
+    ),
+    (
+        "GPU: fused dequant, CUDA Graph mode, device errors",
+        "ple_status ple_dequant_fuse(",
+    ),
+    (
+        "Packing a checkpoint into a table",
+        "ple_status ple_pack_options_default(",
+    ),
+];
+
+/// Inserts a banner before the doc comment of each section's first item (the generated header
+/// stays generated: the banners come from [`BANNERS`], and a missing anchor fails the build).
+fn with_banners(text: &str) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    for (title, anchor) in BANNERS.iter().rev() {
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with(anchor))
+            .unwrap_or_else(|| panic!("header banner anchor {anchor:?} not found"));
+        // back over the item's doc comment (`/** ... */`)
+        let mut start = at;
+        if start > 0 && lines[start - 1].trim_start().starts_with("*/") {
+            while start > 0 && !lines[start - 1].trim_start().starts_with("/**") {
+                start -= 1;
+            }
+            start -= 1;
+        }
+        let rule = "/* ".to_owned() + &"=".repeat(94);
+        lines.splice(
+            start..start,
+            [
+                rule.clone(),
+                format!(" * {title}"),
+                " * ".to_owned() + &"=".repeat(94) + " */",
+                String::new(),
+            ],
+        );
+    }
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
 }

@@ -84,7 +84,7 @@ static void bench_kernel(const char *root) {
             int ok = 1;
             for (int i = 0; i < reps && ok; i++) {
                 uint64_t seq = ++g_seq;
-                ok = ple_submit(h, &bb.b, seq) == PLE_OK && ple_wait(h, seq, 0) == PLE_OK;
+                ok = ple_submit(h, &bb.b, seq) == PLE_OK && ple_wait(h, seq, UINT64_MAX) == PLE_OK;
                 gate_hold();
                 CU(cuEventRecord(e0, g_s));
                 ok = ok && ple_dequant_fuse(h, (void *)g_s, seq, (void *)(uintptr_t)out, dtypes[d],

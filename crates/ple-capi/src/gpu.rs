@@ -10,6 +10,11 @@ use std::ffi::c_void;
 /// kernel enqueued on the engine's `cuda_stream` (a `CUstream`/`cudaStream_t`; libple only
 /// enqueues on it). The step is ordered before the kernel by the handle's wait mode. Layout, dtype,
 /// stride and flags as in `ple_dequant_cpu`. Needs a handle opened with `cuda_device >= 0`.
+///
+/// # Safety
+/// `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL for the legacy
+/// default stream), and `out` a device allocation of that context holding the step's output;
+/// libple only enqueues work on them.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_dequant_fuse(
     handle: *mut ple_handle,
@@ -34,6 +39,9 @@ pub unsafe extern "C" fn ple_dequant_fuse(
 /// `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (the worker
 /// reuses a ring slot only after a replay consumed its previous step). Call it when no replay is
 /// in flight, and again with the next step after a device error. Needs `cuda_device >= 0`.
+///
+/// # Safety
+/// `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_graph_prepare(
     handle: *mut ple_handle,
@@ -52,6 +60,11 @@ pub unsafe extern "C" fn ple_graph_prepare(
 /// and the advance to the next step, with no step number baked in: capture this call into a CUDA
 /// graph once, after `ple_graph_prepare`. A step with more than `capacity_tokens` tokens is not
 /// written and raises a device error (`ple_check_device`). `flags` as in `ple_dequant_fuse`.
+///
+/// # Safety
+/// `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL), and `out` a
+/// device allocation of that context holding `capacity_tokens` tokens of output for as long as
+/// the captured graph is replayed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_dequant_fuse_graph(
     handle: *mut ple_handle,
@@ -75,6 +88,9 @@ pub unsafe extern "C" fn ple_dequant_fuse_graph(
 /// capacity or a ring slot holding another step (`PLE_E_STATE`). The affected kernels wrote
 /// nothing. `PLE_OK` when there was none. Synchronise the stream first to see a kernel's error.
 /// `ple_dequant_fuse*` also return a pending device error instead of enqueueing.
+///
+/// # Safety
+/// Safe for any argument values (the handle is looked up, never dereferenced).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_check_device(handle: *mut ple_handle) -> ple_status {
     ffi_guard!({

@@ -1,6 +1,8 @@
 //! `ple_handle`: the registry of open handles, open/close, table facts and counters.
 
-use crate::boundary::{nonnull, panic_message, path_arg, read_versioned, write_versioned};
+use crate::boundary::{
+    nonnull, panic_message, path_arg, read_versioned, write_out, write_versioned,
+};
 use crate::status::ple_status;
 use crate::types::{ple_options, ple_stats, ple_table_info};
 use ple_core::step::Pipeline;
@@ -9,19 +11,43 @@ use std::ffi::c_char;
 use std::sync::Arc;
 
 /// Opaque handle to an open table and its step pipeline. Create with `ple_open`, free with
-/// `ple_close`. Thread safety: `ple_submit` calls on one handle must come from one thread at a time
-/// (they are serialised internally); `ple_wait`, `ple_stats`, `ple_table_info`, `ple_ngram_ids`
-/// may be called from any thread concurrently.
+/// `ple_close`. A handle's value is an id, never an address: libple never dereferences it, never
+/// hands the same value out twice in a process, and answers a closed or foreign value with
+/// `PLE_E_INVALID_ARGUMENT`.
+///
+/// Thread safety: every call may come from any thread. `ple_submit` calls on one handle are
+/// serialised internally (submit from one thread to keep the order of your seqs); `ple_wait`,
+/// `ple_stats`, `ple_table_info`, `ple_ngram_ids` may run concurrently with anything, and
+/// `ple_close` with any of them (see `ple_close`).
 pub struct ple_handle {
     _private: u8,
 }
 
-/// Open handles: the address of each `ple_handle` shell → its pipeline. Every call looks its
-/// handle up here, so a closed or foreign pointer is an error (not undefined behaviour), and a call
-/// racing with `ple_close` keeps the pipeline alive until it returns.
+/// Open handles: handle value → its pipeline. Every call looks its handle up here, never
+/// dereferencing it, so a closed or foreign pointer is an error (not undefined behaviour), and a
+/// call racing with `ple_close` keeps the pipeline alive until it returns.
 type Registry = std::collections::HashMap<usize, Arc<Pipeline>>;
 static HANDLES: std::sync::LazyLock<std::sync::Mutex<Registry>> =
     std::sync::LazyLock::new(Default::default);
+
+/// The value of the first handle. Handle values are ids, not addresses: `HANDLE_BASE + 16 n` for
+/// the n-th `ple_open` of the process, never reused, so a stale pointer kept after `ple_close`
+/// never names a later handle. On 64-bit targets the values are non-canonical addresses: a
+/// caller that dereferences one faults at once instead of reading someone else's memory.
+const HANDLE_BASE: usize = if usize::BITS >= 64 {
+    0x7e1e_0000_0000_0000_u64 as usize
+} else {
+    0x8000_0000
+};
+static NEXT_HANDLE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A handle value never handed out before (see [`HANDLE_BASE`]).
+fn new_handle_id() -> Result<usize> {
+    let n = NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    n.checked_mul(16)
+        .and_then(|o| HANDLE_BASE.checked_add(o))
+        .ok_or_else(|| Error::State("this process has used up its handle ids".into()))
+}
 
 fn handles() -> std::sync::MutexGuard<'static, Registry> {
     HANDLES.lock().unwrap_or_else(|p| p.into_inner())
@@ -38,22 +64,32 @@ pub(crate) fn handle_ref(h: *const ple_handle) -> Result<Arc<Pipeline>> {
 }
 
 /// Fills `options` with the defaults (and `struct_size`). Returns `PLE_E_INVALID_ARGUMENT` on NULL.
+///
+/// # Safety
+/// `options` is NULL or points to writable memory for one `ple_options`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_options_default(options: *mut ple_options) -> ple_status {
     ffi_guard!({
-        nonnull(options, "options")?;
-        unsafe {
-            options.write(crate::types::options_to_c(
-                &ple_core::step::OpenOptions::default(),
-            ))
-        };
-        Ok(())
+        let d = crate::types::options_to_c(&ple_core::step::OpenOptions::default());
+        // SAFETY: `options` is NULL or writable (this function's contract).
+        unsafe { write_out(options, d, "options") }
     })
 }
 
 /// Opens the packed table in directory `table_dir` (read-only mmap, MADV_RANDOM), validates it,
 /// and starts its step pipeline. `options` may be NULL for the defaults. On success `*out_handle`
 /// owns the handle (free it with `ple_close`); on failure it is set to NULL.
+///
+/// Before anything is allocated, the staging the options ask for (`max_in_flight ×
+/// max_tokens_per_step × 16 × row_bytes` bytes) is compared with the memory the machine can give
+/// (MemAvailable, or the cgroup's `memory.max` headroom when smaller): more is refused with
+/// `PLE_E_OUT_OF_MEMORY` and a message naming the bytes needed. `cuda_device >= 0` on a machine
+/// without a CUDA driver returns `PLE_E_CUDA_UNAVAILABLE`.
+///
+/// # Safety
+/// `table_dir` is NULL or a NUL-terminated string; `options` is NULL or an initialised
+/// `ple_options` (from `ple_options_default`) whose path fields are NULL or NUL-terminated
+/// strings; `out_handle` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_open(
     table_dir: *const c_char,
@@ -61,34 +97,41 @@ pub unsafe extern "C" fn ple_open(
     out_handle: *mut *mut ple_handle,
 ) -> ple_status {
     ffi_guard!({
-        nonnull(out_handle, "out_handle")?;
-        unsafe { *out_handle = std::ptr::null_mut() };
+        // SAFETY: (this and the calls below) the pointers meet this function's contract.
+        unsafe { write_out(out_handle, std::ptr::null_mut(), "out_handle")? };
+        // SAFETY: as above.
         let dir = unsafe { path_arg(table_dir, "table_dir")? };
         let mut c = crate::types::options_to_c(&ple_core::step::OpenOptions::default());
         if !options.is_null() {
-            unsafe {
-                read_versioned(
-                    options,
-                    &mut c,
-                    std::mem::size_of::<ple_options>(),
-                    "options",
-                )?
-            };
+            let min = std::mem::size_of::<ple_options>();
+            // SAFETY: as above.
+            unsafe { read_versioned(options, &mut c, min, "options")? };
         }
+        // SAFETY: the path fields of `c` are NULL or NUL-terminated (this function's contract).
         let opts = unsafe { crate::types::options_from_c(&c)? };
         crate::log::init();
         let pipeline = Arc::new(Pipeline::open(&dir, opts)?);
-        let shell = Box::into_raw(Box::new(ple_handle { _private: 0 }));
-        handles().insert(shell as usize, pipeline);
-        unsafe { *out_handle = shell };
-        Ok(())
+        let id = new_handle_id()?;
+        handles().insert(id, pipeline);
+        // SAFETY: as above.
+        unsafe { write_out(out_handle, id as *mut ple_handle, "out_handle") }
     })
 }
 
-/// Closes a handle: stops its worker after the step in flight, unmaps the table, frees everything.
-/// NULL is a no-op, and so is closing a handle that is already closed (as long as no later
-/// `ple_open` has returned the same pointer). Calls still running on other threads finish first;
-/// waits on the closed handle return `PLE_E_STATE`.
+/// Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
+/// have returned, then stops its worker after the step in flight, unmaps the table and frees
+/// everything: when `ple_close` returns nothing of the handle is left running.
+///
+/// Calls on the handle from other threads that are blocked (`ple_wait`, `ple_submit` on a full
+/// ring, the wait inside `ple_dequant_*`, `ple_packed_rows` and `ple_release_step`) return
+/// `PLE_E_STATE` promptly; a dequant already copying rows finishes its copy first. Calls made
+/// after `ple_close` started get `PLE_E_INVALID_ARGUMENT`. NULL is a no-op, and so is a second
+/// `ple_close` of the same pointer: handle values are never reused within a process, so a stale
+/// pointer never closes another handle.
+///
+/// # Safety
+/// Safe for any value of `handle`: it is looked up, never dereferenced, and a value that is not
+/// an open handle is ignored (and logged at debug level). It may be called from a libple callback.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_close(handle: *mut ple_handle) {
     if handle.is_null() {
@@ -96,14 +139,9 @@ pub unsafe extern "C" fn ple_close(handle: *mut ple_handle) {
     }
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let removed = handles().remove(&(handle as usize));
-        if let Some(p) = removed {
-            p.shutdown();
-            drop(p);
-            // SAFETY: the shell was created by Box::into_raw in ple_open and is freed only here,
-            // once, when its registry entry is removed.
-            drop(unsafe { Box::from_raw(handle) });
-        } else {
-            log::warn!("ple_close({handle:p}): not an open handle; ignored");
+        match removed {
+            Some(p) => close_pipeline(p),
+            None => log::debug!("ple_close({handle:p}): not an open handle; ignored"),
         }
     }));
     if let Err(p) = r {
@@ -111,7 +149,26 @@ pub unsafe extern "C" fn ple_close(handle: *mut ple_handle) {
     }
 }
 
+/// Shuts `p` down and drops it once every other call holding it has returned (they are woken by
+/// the shutdown and return within microseconds; a running dequant within its copy time).
+fn close_pipeline(mut p: Arc<Pipeline>) {
+    p.shutdown();
+    let mut pause = std::time::Duration::from_micros(20);
+    loop {
+        match Arc::try_unwrap(p) {
+            // dropping the pipeline joins its worker and pool threads
+            Ok(pipeline) => return drop(pipeline),
+            Err(still_shared) => p = still_shared,
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Copies facts about the open table into `*info` (set `info->struct_size = sizeof(ple_info)`).
+///
+/// # Safety
+/// `info` is NULL or points to a writable struct of `info->struct_size` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_table_info(
     handle: *const ple_handle,
@@ -120,19 +177,24 @@ pub unsafe extern "C" fn ple_table_info(
     ffi_guard!({
         let h = handle_ref(handle)?;
         let i = crate::types::info_to_c(&h.table_info());
+        // SAFETY: `info` meets this function's contract.
         unsafe { write_versioned(&i, info, "info") }
     })
 }
 
 /// Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
 /// Residency and MemAvailable are measured at the call: one mincore over the whole table, about
-/// 0.15 s for a 4 GiB table on the development VM and proportional to the table's size — poll it
+/// 0.15 s per 4 GiB of table (it grows with the table's size) — poll it
 /// now and then, not every step (the other counters cost nothing to keep).
+///
+/// # Safety
+/// `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_stats(handle: *const ple_handle, stats: *mut ple_stats) -> ple_status {
     ffi_guard!({
         let h = handle_ref(handle)?;
         let s = crate::types::counters_to_c(&h.stats());
+        // SAFETY: `stats` meets this function's contract.
         unsafe { write_versioned(&s, stats, "stats") }
     })
 }

@@ -9,10 +9,13 @@
 //!
 //! Conventions for every export: pointer arguments are checked for NULL; a status `< 0` means
 //! failure and `ple_last_error_message()` then holds the cause; handles are opaque and owned by
-//! the caller between `ple_open` and `ple_close`.
+//! the caller between `ple_open` and `ple_close`. Each export's `# Safety` section states what
+//! its pointer arguments must be; the conversions from raw pointers happen only in the helpers
+//! of [`boundary`], under the preconditions written there.
 
 #![allow(non_camel_case_types, reason = "C names: ple_handle, ple_status, ...")]
-#![allow(clippy::missing_safety_doc, reason = "to be written per export")]
+#![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 #[macro_use]
 pub mod boundary;

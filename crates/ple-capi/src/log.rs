@@ -1,32 +1,135 @@
 //! Logging: `log` records go to the host's logger if it installed one, else to `env_logger`
 //! (level from `PLE_LOG`), and additionally to a callback the engine registers.
+//!
+//! The callback never runs on the thread that logged: records are queued (at most
+//! [`QUEUE_RECORDS`]; beyond that they are counted and dropped, never waited for) and delivered by
+//! one `ple-log` thread that holds no libple lock while it calls the callback. So a callback may
+//! call any libple function (including `ple_wait` and `ple_close`), and a slow callback delays
+//! only later log messages, never a step, a wait or a submit.
 
 use crate::status::ple_status;
-use crate::types::ple_log_fn;
+use crate::types::{
+    PLE_LOG_DEBUG, PLE_LOG_ERROR, PLE_LOG_INFO, PLE_LOG_TRACE, PLE_LOG_WARN, ple_log_fn,
+    ple_log_level,
+};
 use std::ffi::{CString, c_void};
-use std::sync::OnceLock;
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
-/// C callback: `level` is 1 = error … 5 = trace; `msg` is valid only during the call.
+/// C callback: `level` is a `PLE_LOG_*` value; `msg` is valid only during the call.
 pub type LogCallback =
-    extern "C" fn(level: i32, msg: *const std::ffi::c_char, user_data: *mut c_void);
+    extern "C" fn(level: ple_log_level, msg: *const std::ffi::c_char, user_data: *mut c_void);
 
+/// Log records queued for the callback at most; more are dropped (and counted) until it catches up.
+pub const QUEUE_RECORDS: usize = 4096;
+
+#[derive(Clone, Copy)]
 struct Sink {
     cb: LogCallback,
     user: usize,
 }
 
-static CALLBACK: RwLock<Option<Sink>> = RwLock::new(None);
+/// The registered callback and the delivery thread's progress.
+struct State {
+    sink: Option<Sink>,
+    /// Records taken off the queue by the delivery thread (delivered or discarded).
+    taken: u64,
+    /// The delivery thread is inside a callback call.
+    delivering: bool,
+}
+
+struct Delivery {
+    state: Mutex<State>,
+    /// Signalled when `taken` grows or a callback call ends.
+    progress: Condvar,
+    queue: SyncSender<(i32, CString)>,
+    /// Records put on the queue.
+    queued: AtomicU64,
+    /// Records dropped because the queue was full (reported, then reset, by the delivery thread).
+    dropped: AtomicU64,
+}
+
+static DELIVERY: OnceLock<Delivery> = OnceLock::new();
 static INIT: OnceLock<()> = OnceLock::new();
+
+thread_local! {
+    /// Set on the delivery thread (a callback that re-registers must not wait for itself).
+    static ON_DELIVERY_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn state(d: &Delivery) -> MutexGuard<'_, State> {
+    d.state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The delivery queue, its thread started on first use.
+fn delivery() -> &'static Delivery {
+    DELIVERY.get_or_init(|| {
+        let (tx, rx) = sync_channel(QUEUE_RECORDS);
+        let spawned = std::thread::Builder::new()
+            .name("ple-log".into())
+            .spawn(move || deliver_loop(rx));
+        if let Err(e) = spawned {
+            // no thread: records stay queued until full, then are dropped; nothing blocks
+            eprintln!("libple: cannot start the log delivery thread: {e}");
+        }
+        Delivery {
+            state: Mutex::new(State {
+                sink: None,
+                taken: 0,
+                delivering: false,
+            }),
+            progress: Condvar::new(),
+            queue: tx,
+            queued: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    })
+}
+
+/// The delivery thread: takes each record, reads the current callback under the state lock,
+/// and calls it with no lock held.
+fn deliver_loop(rx: Receiver<(i32, CString)>) {
+    ON_DELIVERY_THREAD.with(|f| f.set(true));
+    while let Ok((level, msg)) = rx.recv() {
+        let d = delivery();
+        let sink = {
+            let mut st = state(d);
+            st.delivering = st.sink.is_some();
+            st.sink
+        };
+        if let Some(s) = sink {
+            let lost = d.dropped.swap(0, Ordering::Relaxed);
+            if lost > 0 {
+                let note = format!("libple: {lost} log messages dropped (the callback is slow)");
+                if let Ok(c) = CString::new(note) {
+                    (s.cb)(PLE_LOG_WARN, c.as_ptr(), s.user as *mut c_void);
+                }
+            }
+            (s.cb)(level, msg.as_ptr(), s.user as *mut c_void);
+        }
+        let mut st = state(d);
+        st.taken += 1;
+        st.delivering = false;
+        drop(st);
+        d.progress.notify_all();
+    }
+}
 
 struct CallbackLogger {
     fallback: Option<env_logger::Logger>,
 }
 
+/// Whether a callback is registered (a lock-free copy of `State::sink.is_some()`).
+static HAS_SINK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn callback_set() -> bool {
+    HAS_SINK.load(Ordering::Relaxed)
+}
+
 impl log::Log for CallbackLogger {
     fn enabled(&self, m: &log::Metadata) -> bool {
-        self.fallback.as_ref().is_some_and(|f| f.enabled(m))
-            || CALLBACK.read().map(|c| c.is_some()).unwrap_or(false)
+        self.fallback.as_ref().is_some_and(|f| f.enabled(m)) || callback_set()
     }
     fn log(&self, r: &log::Record) {
         if let Some(f) = &self.fallback {
@@ -34,13 +137,22 @@ impl log::Log for CallbackLogger {
                 f.log(r);
             }
         }
-        if let Ok(g) = CALLBACK.read() {
-            if let Some(s) = g.as_ref() {
-                let text = format!("{}: {}", r.target(), r.args());
-                if let Ok(c) = CString::new(text.replace('\0', " ")) {
-                    (s.cb)(r.level() as i32, c.as_ptr(), s.user as *mut c_void);
-                }
+        if !callback_set() {
+            return;
+        }
+        let text = format!("{}: {}", r.target(), r.args());
+        let Ok(c) = CString::new(text.replace('\0', " ")) else {
+            return;
+        };
+        let d = delivery();
+        match d.queue.try_send((r.level() as i32, c)) {
+            Ok(()) => {
+                d.queued.fetch_add(1, Ordering::SeqCst);
             }
+            Err(TrySendError::Full(_)) => {
+                d.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Disconnected(_)) => {}
         }
     }
     fn flush(&self) {}
@@ -63,37 +175,65 @@ pub fn init() {
 }
 
 /// Registers (or with `None`, removes) the engine's log callback. Messages up to `max_level`
-/// reach it.
+/// reach it. Records queued before the call are delivered to the previous callback first, and
+/// when it returns the previous callback is not running and will not be called again — unless
+/// the call comes from a callback (the delivery thread), which then swaps without waiting.
 pub fn set_callback(cb: Option<LogCallback>, user: *mut c_void, max_level: log::LevelFilter) {
     init();
-    if let Ok(mut g) = CALLBACK.write() {
-        *g = cb.map(|cb| Sink {
-            cb,
-            user: user as usize,
-        });
+    let d = delivery();
+    let mut st = state(d);
+    if !ON_DELIVERY_THREAD.with(|f| f.get()) {
+        // (`queued` grows only after a send, so records logged during this wait are not awaited)
+        let target = d.queued.load(Ordering::SeqCst);
+        while st.taken < target || st.delivering {
+            st = d.progress.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
     }
+    st.sink = cb.map(|cb| Sink {
+        cb,
+        user: user as usize,
+    });
+    HAS_SINK.store(cb.is_some(), Ordering::Relaxed);
+    // drops are reported to the callback that was too slow, not to its successor
+    d.dropped.store(0, Ordering::Relaxed);
+    drop(st);
     if cb.is_some() && max_level > log::max_level() {
         log::set_max_level(max_level);
     }
 }
 
-/// Routes libple's log messages to `callback` (NULL removes it). `max_level` (1..5) is the most
+/// Routes libple's log messages to `callback` (NULL removes it). `max_level` (`PLE_LOG_*`) is the most
 /// verbose level delivered. Without a callback, messages go to stderr at the level named by the
 /// `PLE_LOG` environment variable (default warn), unless the process installed its own Rust logger.
+///
+/// The callback runs on libple's own `ple-log` thread, shortly after the message was logged,
+/// never inside another libple call and never while libple holds a lock: it may call any libple
+/// function, `ple_wait` and `ple_close` included. A slow callback delays only later messages (at
+/// most 4,096 wait; more are dropped and their number reported). When `ple_set_log_callback`
+/// returns (called from any thread but the callback itself), messages logged before it were
+/// delivered to the old callback, which is no longer running and will not be called again.
+///
+/// # Safety
+/// `callback`, if not NULL, must be a function safe to call from another thread with `user_data`
+/// until it is replaced or removed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_set_log_callback(
     callback: ple_log_fn,
-    max_level: i32,
+    max_level: ple_log_level,
     user_data: *mut c_void,
 ) -> ple_status {
     ffi_guard!({
         let level = match max_level {
-            1 => log::LevelFilter::Error,
-            2 => log::LevelFilter::Warn,
-            3 => log::LevelFilter::Info,
-            4 => log::LevelFilter::Debug,
-            5 => log::LevelFilter::Trace,
-            _ => return ple_core::invalid!("max_level {max_level} not in 1..=5"),
+            PLE_LOG_ERROR => log::LevelFilter::Error,
+            PLE_LOG_WARN => log::LevelFilter::Warn,
+            PLE_LOG_INFO => log::LevelFilter::Info,
+            PLE_LOG_DEBUG => log::LevelFilter::Debug,
+            PLE_LOG_TRACE => log::LevelFilter::Trace,
+            _ => {
+                return ple_core::invalid!(
+                    "max_level {max_level} is not a PLE_LOG_* value (1..=5)"
+                );
+            }
         };
         set_callback(callback, user_data, level);
         Ok(())

@@ -1,28 +1,32 @@
 //! `ple_pack`: checkpoint → packed table.
 
-use crate::boundary::{nonnull, path_arg, read_versioned};
+use crate::boundary::{path_arg, read_versioned, write_out};
 use crate::status::ple_status;
 use crate::types::{ple_pack_options, ple_progress_fn};
 use std::ffi::{c_char, c_void};
 
 /// Fills `options` with the packing defaults.
+///
+/// # Safety
+/// `options` is NULL or points to writable memory for one `ple_pack_options`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_pack_options_default(options: *mut ple_pack_options) -> ple_status {
     ffi_guard!({
-        nonnull(options, "options")?;
-        unsafe {
-            options.write(crate::types::pack_options_to_c(
-                &ple_core::format::pack::PackOptions::default(),
-            ))
-        };
-        Ok(())
+        let d = crate::types::pack_options_to_c(&ple_core::format::pack::PackOptions::default());
+        // SAFETY: `options` is NULL or writable (this function's contract).
+        unsafe { write_out(options, d, "options") }
     })
 }
 
 /// Packs the checkpoint in `checkpoint_dir` into a table in `out_dir` (created if needed), streaming
 /// shard by shard, writing to a temporary name and renaming into place, metadata last. An identical
 /// existing table is reused; one from another checkpoint is refused unless `options->force`.
-/// `progress` (may be NULL) is called from the calling thread.
+/// `progress` (may be NULL) is called from the calling thread, between writes, while libple holds
+/// no lock: it may call any libple function.
+///
+/// # Safety
+/// `checkpoint_dir` and `out_dir` are NULL or NUL-terminated strings; `options` is NULL or an
+/// initialised `ple_pack_options`; `progress`, if not NULL, may be called with `user_data`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_pack(
     checkpoint_dir: *const c_char,
@@ -32,19 +36,16 @@ pub unsafe extern "C" fn ple_pack(
     user_data: *mut c_void,
 ) -> ple_status {
     ffi_guard!({
+        // SAFETY: (these three) the pointers meet this function's contract.
         let ck = unsafe { path_arg(checkpoint_dir, "checkpoint_dir")? };
+        // SAFETY: as above.
         let out = unsafe { path_arg(out_dir, "out_dir")? };
         let mut c =
             crate::types::pack_options_to_c(&ple_core::format::pack::PackOptions::default());
         if !options.is_null() {
-            unsafe {
-                read_versioned(
-                    options,
-                    &mut c,
-                    std::mem::size_of::<ple_pack_options>(),
-                    "options",
-                )?
-            };
+            let min = std::mem::size_of::<ple_pack_options>();
+            // SAFETY: as above.
+            unsafe { read_versioned(options, &mut c, min, "options")? };
         }
         let opts = crate::types::pack_options_from_c(&c)?;
         crate::log::init();

@@ -1,6 +1,13 @@
 //! Steps: submit, wait, host views, CPU dequant, row ids, request release.
+//!
+//! Timeouts (every blocking call of a step, and what bounds it):
+//! - `ple_wait(h, seq, timeout_us)`: `timeout_us` (0 = poll, `UINT64_MAX` = forever);
+//! - the wait inside `ple_packed_rows`, `ple_release_step`, `ple_dequant_cpu` (and
+//!   `ple_dequant_fuse` with host waits): the handle's `wait_timeout_us`;
+//! - `ple_submit` on a full ring (`PLE_RING_WAIT`): the handle's `wait_timeout_us`;
+//! - all of them end early with `PLE_E_STATE` when the handle is closed.
 
-use crate::boundary::nonnull;
+use crate::boundary::{nonnull, slice_arg, slice_out, struct_arg, write_out};
 use crate::handle::{handle_ref, ple_handle};
 use crate::status::ple_status;
 use crate::types::{out_args, ple_batch, ple_dtype, ple_fuse_flags};
@@ -8,42 +15,34 @@ use ple_core::Result;
 use std::ffi::c_void;
 
 /// Converts a C batch to the core's borrowed view, checking pointers and lengths.
+///
+/// # Safety
+/// `b` is NULL or a `ple_batch` whose arrays hold the lengths it states (see `ple_batch`) and
+/// stay unchanged for `'a`.
 pub(crate) unsafe fn batch_arg<'a>(
     b: *const ple_batch,
     ngram_size: u32,
 ) -> Result<ple_core::lookup::context::Batch<'a>> {
-    nonnull(b, "batch")?;
-    let b = unsafe { &*b };
+    // SAFETY: (this and the slices below) the batch meets this function's contract.
+    let b = unsafe { struct_arg(b, "batch")? };
     let n = b.num_tokens as usize;
     let r = b.num_requests as usize;
-    if n > 0 {
-        nonnull(b.tokens, "batch.tokens")?;
-        nonnull(b.positions, "batch.positions")?;
-    }
-    if r > 0 {
-        nonnull(b.request_ids, "batch.request_ids")?;
-    }
     nonnull(b.query_start, "batch.query_start")?;
-    let slice = |p: *const i32, len: usize| {
-        if len == 0 {
-            &[][..]
-        } else {
-            unsafe { std::slice::from_raw_parts(p, len) }
-        }
-    };
+    let ctx_len = r * (ngram_size as usize).saturating_sub(1);
     Ok(ple_core::lookup::context::Batch {
-        tokens: slice(b.tokens, n),
-        positions: slice(b.positions, n),
-        request_ids: if r == 0 {
-            &[]
-        } else {
-            unsafe { std::slice::from_raw_parts(b.request_ids, r) }
-        },
-        query_start: unsafe { std::slice::from_raw_parts(b.query_start, r + 1) },
+        // SAFETY: as above.
+        tokens: unsafe { slice_arg(b.tokens, n, "batch.tokens")? },
+        // SAFETY: as above.
+        positions: unsafe { slice_arg(b.positions, n, "batch.positions")? },
+        // SAFETY: as above.
+        request_ids: unsafe { slice_arg(b.request_ids, r, "batch.request_ids")? },
+        // SAFETY: as above (`query_start` has `num_requests + 1` entries, never 0).
+        query_start: unsafe { slice_arg(b.query_start, r + 1, "batch.query_start")? },
         context: if b.context.is_null() {
             None
         } else {
-            Some(unsafe { std::slice::from_raw_parts(b.context, r * (ngram_size as usize - 1)) })
+            // SAFETY: as above.
+            Some(unsafe { slice_arg(b.context, ctx_len, "batch.context")? })
         },
     })
 }
@@ -52,6 +51,14 @@ pub(crate) unsafe fn batch_arg<'a>(
 /// copies it, updates tracked request history, and returns; a worker then hashes, prefetches,
 /// gathers and publishes `done = seq`. `seq` must be greater than every earlier `seq` of this
 /// handle (0 is not a valid seq).
+///
+/// With every ring slot holding a step not yet consumed, `PLE_RING_WAIT` blocks up to the
+/// handle's `wait_timeout_us` (then `PLE_E_TIMEOUT`) and `PLE_RING_ERROR` fails at once with
+/// `PLE_E_STATE`; a `ple_close` meanwhile ends the wait with `PLE_E_STATE`. Tracked mode refuses a
+/// batch that would track more than `PLE_MAX_TRACKED_REQUESTS` requests (`PLE_E_STATE`).
+///
+/// # Safety
+/// `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_submit(
     handle: *mut ple_handle,
@@ -60,14 +67,22 @@ pub unsafe extern "C" fn ple_submit(
 ) -> ple_status {
     ffi_guard!({
         let h = handle_ref(handle)?;
+        // SAFETY: `batch` meets this function's contract.
         let b = unsafe { batch_arg(batch, h.ngram_size())? };
         h.submit(&b, seq)
     })
 }
 
-/// Blocks until step `seq` is complete (`done >= seq`), spinning briefly then sleeping.
-/// `timeout_us`: microseconds, 0 = the handle's default (`wait_timeout_us`), `UINT64_MAX` = forever.
-/// Returns `PLE_OK`, the step's own error, `PLE_E_TIMEOUT`, or `PLE_E_STATE` for a seq never submitted.
+/// Waits until step `seq` is complete (`done >= seq`), spinning briefly then sleeping.
+///
+/// `timeout_us`: 0 polls (returns at once: `PLE_OK` if the step is complete, `PLE_E_TIMEOUT` if
+/// not; a poll is not counted in `ple_counters.timeouts`); `UINT64_MAX` waits forever; any other
+/// value waits at most that many microseconds. The handle's `wait_timeout_us` plays no part here.
+/// Returns `PLE_OK`, the step's own error if it failed, `PLE_E_TIMEOUT`, `PLE_E_STATE` for a seq
+/// never submitted or already consumed, or `PLE_E_STATE` when `ple_close` ends the wait.
+///
+/// # Safety
+/// Safe for any argument values (the handle is looked up, never dereferenced).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_wait(
     handle: *const ple_handle,
@@ -76,12 +91,19 @@ pub unsafe extern "C" fn ple_wait(
 ) -> ple_status {
     ffi_guard!({
         let h = handle_ref(handle)?;
-        h.wait(seq, timeout_us)
+        match timeout_us {
+            0 => h.poll(seq),
+            t => h.wait(seq, t),
+        }
     })
 }
 
 /// Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]`, valid
-/// until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first.
+/// until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first,
+/// up to the handle's `wait_timeout_us`. Does not consume the step.
+///
+/// # Safety
+/// `rows` and `num_tokens` are NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_packed_rows(
     handle: *const ple_handle,
@@ -94,16 +116,21 @@ pub unsafe extern "C" fn ple_packed_rows(
         nonnull(rows, "rows")?;
         nonnull(num_tokens, "num_tokens")?;
         let (p, n) = h.packed_rows(seq)?;
+        // SAFETY: both are writable (this function's contract).
         unsafe {
-            *rows = p;
-            *num_tokens = n;
+            write_out(rows, p, "rows")?;
+            write_out(num_tokens, n, "num_tokens")
         }
-        Ok(())
     })
 }
 
 /// Releases step `seq`'s staging slot without dequantising it (the `ple_dequant_*` calls release it
-/// themselves). Releasing a step twice, or one that was never submitted, returns `PLE_E_STATE`.
+/// themselves). Waits for the step first, up to the handle's `wait_timeout_us`. Releasing a step
+/// twice, or one that was never submitted, returns `PLE_E_STATE`; releasing a failed step forgets
+/// its error and returns `PLE_OK`.
+///
+/// # Safety
+/// Safe for any argument values (the handle is looked up, never dereferenced).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_release_step(handle: *mut ple_handle, seq: u64) -> ple_status {
     ffi_guard!({
@@ -112,9 +139,18 @@ pub unsafe extern "C" fn ple_release_step(handle: *mut ple_handle, seq: u64) -> 
     })
 }
 
-/// Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of 2560 elements of
-/// `out_dtype` (`PLE_DTYPE_*`), row `t` at `out + t * out_stride` elements (`out_stride >= 2560`).
-/// `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`. Waits for the step, then releases its slot.
+/// Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of `PLE_EMBED_DIM`
+/// elements of `out_dtype`, row `t` at `out + t * out_stride` elements
+/// (`out_stride >= PLE_EMBED_DIM`). `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`.
+///
+/// Waits for the step first, up to the handle's `wait_timeout_us` (so a small `wait_timeout_us`
+/// bounds this call too: `PLE_E_TIMEOUT`), then dequantises and releases its slot. The step is
+/// consumed only when the call returns `PLE_OK`: bad arguments, a timeout or a close leave it in
+/// place for a retry. A step that failed returns its own error, and is released by that.
+///
+/// # Safety
+/// `out` is NULL or valid for reads and writes of `(num_tokens - 1) * out_stride + PLE_EMBED_DIM`
+/// elements of `out_dtype`, aligned for it, and not accessed by anyone else during the call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_dequant_cpu(
     handle: *mut ple_handle,
@@ -127,14 +163,19 @@ pub unsafe extern "C" fn ple_dequant_cpu(
     ffi_guard!({
         let h = handle_ref(handle)?;
         nonnull(out, "out")?;
-        // SAFETY: the caller guarantees `out` holds the step's output (see above).
         let args = out_args(out_dtype, out_stride, flags)?;
+        // SAFETY: `out` holds the step's output (this function's contract), which is the
+        // precondition of `Pipeline::dequant_cpu`.
         unsafe { h.dequant_cpu(seq, out as *mut u8, args) }
     })
 }
 
 /// Computes the 16 row ids of every token of `batch` into `out_ids` (`[num_tokens * 16]`), with no
 /// side effects: tracked history is read, not changed.
+///
+/// # Safety
+/// `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states; `out_ids` is NULL or
+/// writable for `num_tokens * 16` ids.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_ngram_ids(
     handle: *const ple_handle,
@@ -143,19 +184,20 @@ pub unsafe extern "C" fn ple_ngram_ids(
 ) -> ple_status {
     ffi_guard!({
         let h = handle_ref(handle)?;
+        // SAFETY: `batch` meets this function's contract.
         let b = unsafe { batch_arg(batch, h.ngram_size())? };
         nonnull(out_ids, "out_ids")?;
         let n = b.tokens.len() * h.num_heads();
-        let out = if n == 0 {
-            &mut [][..]
-        } else {
-            unsafe { std::slice::from_raw_parts_mut(out_ids, n) }
-        };
+        // SAFETY: `out_ids` holds `num_tokens * 16` ids (this function's contract).
+        let out = unsafe { slice_out(out_ids, n, "out_ids")? };
         h.ngram_ids(&b, out)
     })
 }
 
 /// Forgets a request's tracked history (tracked mode). Unknown ids are not an error.
+///
+/// # Safety
+/// Safe for any argument values (the handle is looked up, never dereferenced).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_release_request(
     handle: *mut ple_handle,

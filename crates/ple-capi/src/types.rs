@@ -26,6 +26,10 @@ pub const PLE_ABI_VERSION: u32 =
 pub const PLE_NUM_HEADS: u32 = 16;
 /// Elements of one token's PLE embedding (16 heads x 160).
 pub const PLE_EMBED_DIM: u32 = 2560;
+/// Most requests a handle tracks at once (tracked mode). A batch that would track more is refused
+/// with `PLE_E_STATE` (requests are never evicted: an evicted request would read wrong context);
+/// `ple_release_request` forgets finished ones.
+pub const PLE_MAX_TRACKED_REQUESTS: u32 = 65536;
 
 /// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
 pub type ple_format = i32;
@@ -103,7 +107,9 @@ pub struct ple_options {
     pub prefetch_min_rows: u32,
     /// `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
     pub ring_full_policy: ple_ring_full_policy,
-    /// Default timeout of `ple_wait` (and of the ring wait), microseconds (default 300 s).
+    /// Timeout, in microseconds (default 300 s), of the waits libple makes on the caller's behalf:
+    /// in `ple_dequant_cpu`, `ple_packed_rows`, `ple_release_step`, `ple_dequant_fuse` (host wait),
+    /// `ple_submit` on a full ring, and the device spin wait. Not used by `ple_wait`.
     pub wait_timeout_us: u64,
     /// Tracked mode: tokens remembered per request, for context and speculative rollback (default 64, >= ngram_size - 1).
     pub history_window: u32,
@@ -136,10 +142,24 @@ pub struct ple_pack_options {
 pub type ple_progress_fn =
     Option<extern "C" fn(done_bytes: u64, total_bytes: u64, user_data: *mut c_void) -> i32>;
 
-/// Log callback: `level` 1 = error, 2 = warn, 3 = info, 4 = debug, 5 = trace; `message` is valid
-/// only during the call. May be called from libple's worker threads.
+/// Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
+pub type ple_log_level = i32;
+
+/// Log level: errors.
+pub const PLE_LOG_ERROR: ple_log_level = 1;
+/// Log level: warnings (and errors).
+pub const PLE_LOG_WARN: ple_log_level = 2;
+/// Log level: information.
+pub const PLE_LOG_INFO: ple_log_level = 3;
+/// Log level: debugging detail (every error returned, with its text).
+pub const PLE_LOG_DEBUG: ple_log_level = 4;
+/// Log level: everything.
+pub const PLE_LOG_TRACE: ple_log_level = 5;
+
+/// Log callback: `level` a `PLE_LOG_*` value; `message` is valid only during the call. Runs on
+/// libple's own log thread, never inside another libple call (see `ple_set_log_callback`).
 pub type ple_log_fn =
-    Option<extern "C" fn(level: i32, message: *const c_char, user_data: *mut c_void)>;
+    Option<extern "C" fn(level: ple_log_level, message: *const c_char, user_data: *mut c_void)>;
 
 /// One engine step's tokens. All arrays are read during the call only (`ple_submit` copies them).
 #[repr(C)]
@@ -164,6 +184,10 @@ pub struct ple_batch {
 }
 
 /// Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
+#[allow(
+    missing_docs,
+    reason = "paired fields share one comment (heads and head size, ...)"
+)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ple_table_info {
@@ -198,6 +222,10 @@ pub struct ple_table_info {
 }
 
 /// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
+#[allow(
+    missing_docs,
+    reason = "paired fields share one comment (prefill and decode, ...)"
+)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ple_stats {

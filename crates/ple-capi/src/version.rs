@@ -43,6 +43,7 @@ mod tests {
             PLE_VERSION_PATCH.to_string(),
             env!("CARGO_PKG_VERSION_PATCH")
         );
+        // SAFETY: ple_version_string returns a static NUL-terminated string.
         let v = unsafe { CStr::from_ptr(ple_version_string()) }
             .to_str()
             .unwrap();
@@ -59,6 +60,7 @@ mod tests {
             Ok(())
         });
         assert_eq!(s, PLE_E_PANIC);
+        // SAFETY: the last-error text is NUL-terminated and lives until the next libple call.
         let m = unsafe { CStr::from_ptr(ple_last_error_message()) }
             .to_str()
             .unwrap();
@@ -80,6 +82,7 @@ mod tests {
             PLE_E_PANIC,
             PLE_E_OUT_OF_MEMORY,
         ] {
+            // SAFETY: ple_status_name returns a static NUL-terminated string.
             let n = unsafe { CStr::from_ptr(ple_status_name(s)) }
                 .to_str()
                 .unwrap();

@@ -1,10 +1,15 @@
 //! 1,000 `ple_open`/`ple_close` cycles (through the C API, with a step in each) leave the
 //! process's open files and memory mappings as they were. Alone in its own test binary, so no
-//! other test opens files meanwhile.
+//! other test opens files meanwhile (the tests here take `SERIAL` for the same reason).
+
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use ple::*;
 use std::ffi::CString;
 use std::time::{Duration, Instant};
+
+/// Held by each test of this binary: they count the process's files and mappings.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
@@ -19,6 +24,7 @@ fn maps() -> usize {
 
 /// mode 0: open/close; 1: a step, waited for; 2: a step still in flight at close.
 fn cycle(dir: &CString, mode: usize) {
+    // SAFETY: valid options, C strings, arrays and out pointers for every call below.
     unsafe {
         let mut o: ple_options = std::mem::zeroed();
         assert_eq!(ple_options_default(&mut o), PLE_OK);
@@ -42,7 +48,7 @@ fn cycle(dir: &CString, mode: usize) {
             };
             assert_eq!(ple_submit(h, &b, 1), PLE_OK);
             if mode == 1 {
-                assert_eq!(ple_wait(h, 1, 0), PLE_OK);
+                assert_eq!(ple_wait(h, 1, 10_000_000), PLE_OK);
             }
         }
         ple_close(h);
@@ -51,6 +57,7 @@ fn cycle(dir: &CString, mode: usize) {
 
 #[test]
 fn open_close_cycles_leak_no_fds_or_mappings() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let d = tempfile::tempdir().unwrap();
     ple_testkit::synth::write_table(
         d.path(),
@@ -78,4 +85,41 @@ fn open_close_cycles_leak_no_fds_or_mappings() {
     }
     assert_eq!(f1, f0, "open fds before/after 1000 open/close cycles");
     assert_eq!(m1, m0, "mappings before/after 1000 open/close cycles");
+}
+
+/// `ple_open` with `cuda_device = 0` on a machine without a CUDA driver: PLE_E_CUDA_UNAVAILABLE,
+/// a NULL handle, and a message that says what is missing and what to do. (Skipped where a
+/// driver loads.)
+#[test]
+fn cuda_device_without_a_driver_is_cuda_unavailable() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if ple_core::dequant::gpu::probe_driver().is_ok() {
+        eprintln!("a CUDA driver loads here: not checking the no-driver error");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    ple_testkit::synth::write_table(
+        d.path(),
+        ple_core::model::RowFormat::Nvfp4,
+        &ple_testkit::synth::small_config(1000, 4),
+        3,
+    )
+    .unwrap();
+    let dir = CString::new(d.path().to_str().unwrap()).unwrap();
+    // SAFETY: valid options, C string and out pointer for the calls below.
+    unsafe {
+        let mut o: ple_options = std::mem::zeroed();
+        assert_eq!(ple_options_default(&mut o), PLE_OK);
+        o.max_tokens_per_step = 64;
+        o.cuda_device = 0;
+        let mut h = std::ptr::dangling_mut::<ple_handle>();
+        let s = ple_open(dir.as_ptr(), &o, &mut h);
+        let m = std::ffi::CStr::from_ptr(ple_last_error_message())
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(s, PLE_E_CUDA_UNAVAILABLE, "{m}");
+        assert!(h.is_null(), "the handle is set to NULL on failure");
+        assert!(m.contains("libcuda"), "{m}");
+        assert!(m.contains("cuda_device = -1"), "{m}");
+    }
 }

@@ -242,6 +242,9 @@ impl History {
     }
 }
 
+/// Most requests a [`Tracker`] remembers at once (`PLE_MAX_TRACKED_REQUESTS` in C).
+pub const MAX_TRACKED_REQUESTS: usize = 65_536;
+
 /// Tracked mode: each request's most recent tokens by position (at most `history_window` per
 /// request), for context across steps and speculative rollback.
 ///
@@ -342,6 +345,25 @@ impl Tracker {
             }
         }
         Ok(out)
+    }
+
+    /// Refuses a batch that would make more than [`MAX_TRACKED_REQUESTS`] requests tracked at
+    /// once (`Error::State`): requests are forgotten only by `release`, never evicted, since an
+    /// evicted request's next span would read wrong context.
+    pub fn check_room(&self, b: &Batch) -> Result<()> {
+        check_structure(b)?;
+        let new = (0..b.num_requests())
+            .filter(|&i| !b.span(i).is_empty() && !self.reqs.contains_key(&b.request_ids[i]))
+            .count();
+        if self.reqs.len() + new > MAX_TRACKED_REQUESTS {
+            return Err(Error::State(format!(
+                "{} requests are tracked and this batch adds {new}: at most {MAX_TRACKED_REQUESTS} \
+                 are tracked at once; release finished requests (ple_release_request) or pass \
+                 batch.context (stateless mode)",
+                self.reqs.len()
+            )));
+        }
+        Ok(())
     }
 
     /// Records the tokens of `b` (after [`Tracker::resolve`] accepted it): for each span at

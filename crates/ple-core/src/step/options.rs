@@ -1,6 +1,6 @@
 //! Options of a handle, typed: the C API converts `ple_options` into [`OpenOptions`] once.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::path::PathBuf;
 
 pub use crate::dequant::gpu::WaitMode;
@@ -98,5 +98,62 @@ impl OpenOptions {
             );
         }
         Ok(())
+    }
+
+    /// Bytes of one staging slot (`max_tokens_per_step × 16 × row_bytes`), after checking that
+    /// all `max_in_flight` slots fit in the memory the machine can give ([`memory_headroom`]):
+    /// otherwise `Error::OutOfMemory` naming the bytes needed, before anything is allocated.
+    pub fn check_staging_fits(&self, row_bytes: usize) -> Result<usize> {
+        let slot = (self.max_tokens_per_step as u64)
+            .checked_mul(crate::model::NUM_HEADS as u64)
+            .and_then(|x| x.checked_mul(row_bytes as u64));
+        let total = slot.and_then(|s| s.checked_mul(self.max_in_flight as u64));
+        let (Some(slot), Some(total)) = (slot, total) else {
+            return Err(Error::OutOfMemory(format!(
+                "staging of max_in_flight {} × max_tokens_per_step {} × 16 rows × {row_bytes} \
+                 bytes overflows",
+                self.max_in_flight, self.max_tokens_per_step
+            )));
+        };
+        if let Some(avail) = memory_headroom() {
+            if total > avail {
+                return Err(Error::OutOfMemory(format!(
+                    "staging needs {total} bytes (max_in_flight {} × max_tokens_per_step {} × 16 \
+                     rows × {row_bytes} bytes), more than the {avail} bytes available \
+                     (MemAvailable, or the cgroup's memory.max headroom); lower \
+                     max_tokens_per_step or max_in_flight",
+                    self.max_in_flight, self.max_tokens_per_step
+                )));
+            }
+        }
+        usize::try_from(slot)
+            .map_err(|_| Error::OutOfMemory(format!("staging slot of {slot} bytes")))
+    }
+}
+
+/// Bytes this process can still allocate: the smaller of MemAvailable (`/proc/meminfo`) and the
+/// cgroup v2 headroom (`memory.max - memory.current`); `None` when neither can be read.
+pub fn memory_headroom() -> Option<u64> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let mem_available = read("/proc/meminfo").and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .and_then(|kb| kb.checked_mul(1024))
+    });
+    let cgroup = (|| {
+        let max = read("/sys/fs/cgroup/memory.max")?
+            .trim()
+            .parse::<u64>()
+            .ok()?;
+        let cur = read("/sys/fs/cgroup/memory.current")?
+            .trim()
+            .parse::<u64>()
+            .ok()?;
+        Some(max.saturating_sub(cur))
+    })();
+    match (mem_available, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
     }
 }

@@ -75,6 +75,8 @@ fn spin_round(start: Instant, i: u32, busy: Duration) {
 }
 /// Steps with at least this many tokens are hashed in parallel on the pool.
 const PARALLEL_HASH_MIN_TOKENS: usize = 1024;
+/// Staging bytes (all slots together) touched at open; beyond it pages fault in on first use.
+const PRETOUCH_MAX_BYTES: usize = 256 << 20;
 /// Failed steps remembered for their waiters (oldest forgotten first).
 const MAX_FAILED_RECORDS: usize = 64;
 /// With a GPU, how often a parked submitter re-checks for slots freed by CUDA Graph replays.
@@ -210,6 +212,14 @@ struct Staging(UnsafeCell<Vec<u8>>);
 // SAFETY: see the access protocol above.
 unsafe impl Sync for Staging {}
 
+/// Why [`Shared::park`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Parked {
+    Ready,
+    TimedOut,
+    Closing,
+}
+
 /// Hooks that make a step fail, panic or stall (tests only).
 #[cfg(test)]
 #[derive(Default)]
@@ -283,24 +293,28 @@ impl Shared {
         }
     }
 
-    /// Parks on the condition variable until `ready(ring)` or the deadline (None: forever).
-    /// Returns the guard and whether `ready` holds.
+    /// Parks on the condition variable until `ready(ring)`, the deadline (None: forever) or the
+    /// handle closing (`shutdown` sets `closing` and signals under the ring's lock, so a parked
+    /// caller cannot miss it). Returns the guard and why it stopped.
     fn park<'a>(
         &'a self,
         mut ring: MutexGuard<'a, Ring>,
         deadline: Option<Instant>,
         ready: impl Fn(&Ring) -> bool,
-    ) -> (MutexGuard<'a, Ring>, bool) {
+    ) -> (MutexGuard<'a, Ring>, Parked) {
         self.waiters.fetch_add(1, Ordering::SeqCst);
         // With a GPU, graph replays free slots without signalling the condition variable: poll.
         let poll = self.gpu.as_ref().map(|_| GRAPH_POLL);
         let ok = loop {
             if ready(&ring) {
-                break true;
+                break Parked::Ready;
+            }
+            if self.closing.load(Ordering::SeqCst) {
+                break Parked::Closing;
             }
             let now = Instant::now();
             let until = match (deadline, poll) {
-                (Some(d), _) if now >= d => break false,
+                (Some(d), _) if now >= d => break Parked::TimedOut,
                 (Some(d), Some(p)) => Some((d - now).min(p)),
                 (Some(d), None) => Some(d - now),
                 (None, p) => p,
@@ -322,6 +336,7 @@ impl Shared {
     /// Publishes a finished step: its slot becomes Ready (or Free with the error recorded), then
     /// `done = seq` (Release), then waiters are woken. Returns the submit→done time.
     fn publish(&self, job: &Job, result: std::result::Result<(), Error>) -> u64 {
+        let mut failure = None;
         let mut ring = lock(&self.ring);
         let step_ns = stats::ns(job.submitted.elapsed());
         match result {
@@ -334,11 +349,8 @@ impl Shared {
                 }
             }
             Err(e) => {
-                if self.closing.load(Ordering::Relaxed) {
-                    log::debug!("step {} abandoned: {e}", job.seq);
-                } else {
-                    log::warn!("step {} failed: {e}", job.seq);
-                }
+                // logged once the ring's lock is released (below)
+                failure = Some((self.closing.load(Ordering::Relaxed), e.to_string()));
                 self.stats.failed_steps.fetch_add(1, Ordering::Relaxed);
                 if let Some(g) = &self.gpu {
                     // release device waiters of this step (its kernel writes nothing)
@@ -359,6 +371,11 @@ impl Shared {
         self.done.store(job.seq, Ordering::Release);
         drop(ring);
         self.notify();
+        match failure {
+            Some((true, e)) => log::debug!("step {} abandoned: {e}", job.seq),
+            Some((false, e)) => log::warn!("step {} failed: {e}", job.seq),
+            None => {}
+        }
         step_ns
     }
 
@@ -740,6 +757,8 @@ impl Pipeline {
                 table.meta().num_heads
             )));
         }
+        // Staging is bounded by the memory the machine has, checked before anything is allocated.
+        let slot_bytes = opts.check_staging_fits(table.row_bytes())?;
         // The GPU side first (nothing CUDA is touched with cuda_device = -1): a machine without a
         // driver fails here with CudaUnavailable before any thread starts.
         let gpu = if opts.cuda_device >= 0 {
@@ -781,8 +800,6 @@ impl Pipeline {
             })
             .build()
             .map_err(|e| Error::io("starting the gather pool", std::io::Error::other(e)))?;
-        let slot_bytes =
-            opts.max_tokens_per_step as usize * crate::model::NUM_HEADS * table.row_bytes();
         let mut staging = Vec::with_capacity(opts.max_in_flight as usize);
         // With a GPU the worker gathers into the GPU side's pinned staging instead.
         let cpu_slots = if gpu.is_some() { 0 } else { opts.max_in_flight };
@@ -791,8 +808,10 @@ impl Pipeline {
             v.try_reserve_exact(slot_bytes)
                 .map_err(|_| Error::OutOfMemory(format!("staging slot of {slot_bytes} bytes")))?;
             v.resize(slot_bytes, 0u8);
-            // touch every page now so steps do not take first-touch faults
-            for i in (0..slot_bytes).step_by(4096) {
+            // touch the pages now (up to PRETOUCH_MAX_BYTES over all slots) so steps do not take
+            // first-touch faults
+            let touch = slot_bytes.min(PRETOUCH_MAX_BYTES / opts.max_in_flight as usize);
+            for i in (0..touch).step_by(4096) {
                 // SAFETY: in bounds; volatile so the store is not elided.
                 unsafe { std::ptr::write_volatile(v.as_mut_ptr().add(i), 0) };
             }
@@ -943,6 +962,9 @@ impl Pipeline {
         }
         let ctx = {
             let t = lock(&self.tracker);
+            if b.context.is_none() {
+                t.check_room(b)?;
+            }
             resolve_contexts_checked(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
         };
         let prefill = b
@@ -975,12 +997,17 @@ impl Pipeline {
             }
             let t0 = Instant::now();
             let deadline = t0.checked_add(Duration::from_micros(sh.opts.wait_timeout_us));
-            let (r, ok) = sh.park(ring, deadline, |r| free(r).is_some());
+            let (r, parked) = sh.park(ring, deadline, |r| free(r).is_some());
             ring = r;
             sh.stats
                 .wait_ns
                 .fetch_add(stats::ns(t0.elapsed()), Ordering::Relaxed);
-            if !ok {
+            if parked == Parked::Closing {
+                return Err(Error::State(
+                    "the handle was closed while ple_submit waited for a ring slot".into(),
+                ));
+            }
+            if parked == Parked::TimedOut {
                 sh.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::Timeout(format!(
                     "ring full for {} µs: all {} slots hold steps not consumed (oldest {oldest})",
@@ -1063,16 +1090,22 @@ impl Pipeline {
             }
             spin_round(t0, i, WAIT_BUSY_SPIN);
         }
-        let mut ok = true;
+        let mut parked = Parked::Ready;
         if sh.done.load(Ordering::Acquire) < seq {
             let ring = lock(&sh.ring);
-            let (_ring, r) = sh.park(ring, deadline, |_| sh.done.load(Ordering::Acquire) >= seq);
-            ok = r;
+            parked = sh
+                .park(ring, deadline, |_| sh.done.load(Ordering::Acquire) >= seq)
+                .1;
         }
         sh.stats
             .wait_ns
             .fetch_add(stats::ns(t0.elapsed()), Ordering::Relaxed);
-        if !ok {
+        if parked == Parked::Closing {
+            return Err(Error::State(format!(
+                "the handle was closed while waiting for step {seq}"
+            )));
+        }
+        if parked == Parked::TimedOut {
             sh.stats.timeouts.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Timeout(format!(
                 "step {seq} not complete after {} µs (done = {})",
@@ -1087,6 +1120,22 @@ impl Pipeline {
         match sh.status(&mut lock(&sh.ring), seq)? {
             StepStatus::Failed(e) => Err(e),
             _ => Ok(()),
+        }
+    }
+
+    /// Whether step `seq` is complete, without waiting (`ple_wait(.., 0)`): `Ok` if it succeeded,
+    /// its own error if it failed, `Error::Timeout` while it is not complete, `Error::State` for
+    /// a seq never submitted or already consumed. A poll is not counted in `timeouts`.
+    pub fn poll(&self, seq: u64) -> Result<()> {
+        let sh = &*self.sh;
+        match sh.status(&mut lock(&sh.ring), seq)? {
+            StepStatus::Failed(e) => Err(e),
+            StepStatus::Ready { .. } => Ok(()),
+            _ if sh.done.load(Ordering::Acquire) >= seq => Ok(()),
+            _ => Err(Error::Timeout(format!(
+                "step {seq} is not complete (polled; done = {})",
+                sh.done.load(Ordering::Acquire)
+            ))),
         }
     }
 
@@ -1108,7 +1157,8 @@ impl Pipeline {
     }
 
     /// Calls `f` with step `seq`'s rows while holding the slot (Consuming), then frees it.
-    fn consume<R>(&self, seq: u64, f: impl FnOnce(&[u8], usize) -> R) -> Result<R> {
+    /// A failing `f` (error or panic) leaves the step Ready: only a call that succeeds consumes it.
+    fn consume<R>(&self, seq: u64, f: impl FnOnce(&[u8], usize) -> Result<R>) -> Result<R> {
         let sh = &*self.sh;
         let waited = self.wait(seq, 0);
         let mut ring = lock(&sh.ring);
@@ -1133,9 +1183,17 @@ impl Pipeline {
         drop(ring);
         // SAFETY: the slot is Consuming, held by this call: nobody writes it until freed below.
         let rows = unsafe { sh.staging(slot) };
-        let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(rows, tokens as usize)));
-        sh.free_slot(slot);
-        r.map_err(|p| Error::Panic(panic_text(&*p)))
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(rows, tokens as usize)))
+            .map_err(|p| Error::Panic(panic_text(&*p)))
+            .and_then(|r| r);
+        if r.is_ok() {
+            sh.free_slot(slot);
+        } else {
+            // a step is consumed only by a call that succeeds: it stays Ready for a retry
+            lock(&sh.ring).slots[slot] = SlotState::Ready { seq, tokens };
+            sh.notify();
+        }
+        r
     }
 
     /// Releases step `seq`'s slot without dequantising (waits for the step first). Releasing a
@@ -1189,7 +1247,7 @@ impl Pipeline {
                     Some(self.sh.pool()),
                 )
             }
-        })?
+        })
     }
 
     /// GPU dequant (see `ple_dequant_fuse`): enqueues step `seq`'s wait and dequantisation on the

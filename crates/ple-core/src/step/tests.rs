@@ -780,3 +780,63 @@ fn pipeline_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<Pipeline>();
 }
+
+/// `shutdown` (from `ple_close`) wakes every blocked call, whatever its timeout: a wait, the wait
+/// inside a dequant, and a submit parked on a full ring all return `Error::State` at once.
+#[test]
+fn shutdown_wakes_every_blocked_call() {
+    let d = make_table(RowFormat::Nvfp4, 2000);
+    let p = Arc::new(open(d.path(), |o| {
+        o.max_in_flight = 1;
+        o.wait_timeout_us = u64::MAX;
+    }));
+    p.hooks().delay_us.store(3_000_000, Ordering::Relaxed);
+    let mut rng = Rng(3);
+    let b = random_batch(&mut rng, 1, 1);
+    p.submit(&b.view(), 1).unwrap();
+    let t = Instant::now();
+    let waiters: Vec<_> = (0..3)
+        .map(|k| {
+            let (p, b) = (p.clone(), b.clone());
+            std::thread::spawn(move || match k {
+                0 => p.wait(1, u64::MAX),
+                1 => {
+                    let mut out = vec![0f32; 2560];
+                    // SAFETY: `out` holds the one token's row.
+                    unsafe { p.dequant_cpu(1, out.as_mut_ptr() as *mut u8, F32_OUT) }
+                }
+                _ => p.submit(&b.view(), 2),
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    p.shutdown();
+    for w in waiters {
+        let e = w.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::State, "{e}");
+    }
+    let el = t.elapsed();
+    assert!(
+        el < Duration::from_millis(2_000),
+        "woken after {el:?}, step takes 3 s"
+    );
+}
+
+/// `poll` never blocks: `Timeout` while the step runs, `Ok` once it is done, and it is not counted
+/// as a timeout.
+#[test]
+fn poll_does_not_wait() {
+    let d = make_table(RowFormat::Nvfp4, 2000);
+    let p = open(d.path(), |_| {});
+    p.hooks().delay_us.store(300_000, Ordering::Relaxed);
+    let mut rng = Rng(4);
+    let b = random_batch(&mut rng, 1, 1);
+    p.submit(&b.view(), 1).unwrap();
+    let t = Instant::now();
+    assert_eq!(p.poll(1).unwrap_err().kind(), crate::ErrorKind::Timeout);
+    assert!(t.elapsed() < Duration::from_millis(100));
+    p.wait(1, u64::MAX).unwrap();
+    p.poll(1).unwrap();
+    assert_eq!(p.poll(9).unwrap_err().kind(), crate::ErrorKind::State);
+    assert_eq!(p.stats().timeouts, 0);
+}
