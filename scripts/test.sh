@@ -83,5 +83,24 @@ for t in $(ctest --test-dir "$work/ffi" -N | sed -n 's/^ *Test *#[0-9]*: //p'); 
   echo "valgrind: $t clean"
 done
 
+# --- engine integrations (issue 16): llama.cpp's llama_batch, the Python wheel -------------------
+step "llama.cpp: a real llama_batch (llama.h from PyPI's llama-cpp-python sdist) through ple_submit_tokens"
+# fetch.sh fails (and so this script) when the download fails: no silent skip
+llama=$(examples/llama_cpp/fetch.sh "${CARGO_TARGET_DIR:-target}/llama-cpp")
+cmake -S examples/llama_cpp -B "$work/llama" -DCMAKE_PREFIX_PATH="$prefix" -DLLAMA_CPP_DIR="$llama" >/dev/null
+cmake --build "$work/llama" -j 2 >/dev/null
+ctest --test-dir "$work/llama" --output-on-failure
+
+step "Python package: the wheel (with libple.so) in a fresh venv, pytest with no Rust toolchain on PATH"
+PLE_NO_BUILD=1 scripts/build-wheel.sh "$work/wheels" >/dev/null
+python3 -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "$work"/wheels/ple-*.whl \
+  "pytest>=7" "ml_dtypes>=0.4"
+(cd "$work" && env -i PATH=/usr/bin:/bin HOME="$work" PLE_BIN="$prefix/bin/ple" PLE_EXPECT_INSTALLED=1 \
+  "$work/venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/python/tests")
+env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv/bin/python" examples/python/vllm_style.py \
+  "$work/examples/example-table" >/dev/null
+echo "examples/python/vllm_style.py ran on the CPU"
+
 echo
 echo "all test stages passed"

@@ -268,3 +268,4 @@ def test_the_bundled_library_is_loaded():
     assert ple.version().startswith("0.1.")
     if os.environ.get("PLE_EXPECT_INSTALLED"):  # scripts/test.sh: the wheel in a fresh venv
         assert here.startswith(sys.prefix) and "site-packages" in here, here
+        assert shutil.which("cargo") is None and shutil.which("rustc") is None
