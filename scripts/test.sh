@@ -86,9 +86,10 @@ done
 # --- engine integrations (issue 16): llama.cpp's llama_batch, the Python wheel -------------------
 step "llama.cpp: a real llama_batch (llama.h from PyPI's llama-cpp-python sdist) through ple_submit_tokens, then in a ggml graph"
 # fetch.sh fails (and so this script) when the download fails: no silent skip
-llama=$(examples/llama_cpp/fetch.sh "${CARGO_TARGET_DIR:-target}/llama-cpp")
+tdir=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)
+llama=$(examples/llama_cpp/fetch.sh "$tdir/llama-cpp")
 # ggml's CPU backend, built once into target/ (about 70 s on 2 cores), for the ggml graph example
-ggml=$(examples/llama_cpp/build-ggml.sh "$llama" "$(pwd)/${CARGO_TARGET_DIR:-target}/llama-cpp/ggml-build")
+ggml=$(examples/llama_cpp/build-ggml.sh "$llama" "$tdir/llama-cpp/ggml-build")
 cmake -S examples/llama_cpp -B "$work/llama" -DCMAKE_PREFIX_PATH="$prefix" -DLLAMA_CPP_DIR="$llama" \
   -DGGML_BUILD_DIR="$ggml" >/dev/null
 cmake --build "$work/llama" -j 2 >/dev/null
