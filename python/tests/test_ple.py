@@ -104,6 +104,10 @@ def test_dequant_cpu_matches_an_ml_dtypes_decode(table, table_dir):
     table.submit(**TWO).dequant_cpu(out, accumulate=True)
     acc = (want.astype(np.float16).astype(np.float32) + want).astype(np.float16)
     np.testing.assert_array_equal(out[:, :D], acc)
+    ml = pytest.importorskip("ml_dtypes")
+    bf = table.submit(**TWO).dequant_cpu(dtype=ml.bfloat16)
+    assert bf.dtype == ml.bfloat16
+    np.testing.assert_array_equal(bf.view(np.uint16), want.astype(ml.bfloat16).view(np.uint16))
 
 
 def test_per_token_form_gives_rows_in_callers_order(table_dir):
@@ -205,6 +209,9 @@ def test_dequant_fuse_argument_plumbing(table):
 
     assert _arrays.stream_handle(TorchLikeStream()) == 0xABC
     assert _arrays.stream_handle(None) == 0 and _arrays.stream_handle(77) == 77
+    assert [_arrays.dtype_code(x) for x in (np.float32, np.float16, "bf16", "<f4")] == [0, 1, 2, 0]
+    with pytest.raises(TypeError, match="not float32"):
+        _arrays.dtype_code(np.int8)
     # a CPU handle has no GPU side: libple refuses, nothing is written at the fake address
     step = table.submit(**TWO)
     with pytest.raises(ple.PleError) as e:

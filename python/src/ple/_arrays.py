@@ -21,9 +21,15 @@ ITEMSIZE = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2}
 
 def dtype_code(dtype: Any) -> int:
     """The `PLE_DTYPE_*` code of a numpy/torch dtype or a name ("f32", "float16", "bf16", ...)."""
-    name = dtype if isinstance(dtype, str) else str(getattr(dtype, "name", dtype))
-    if name not in _DTYPE_BY_NAME and not isinstance(dtype, str):
-        name = str(dtype)
+    if isinstance(dtype, str):
+        name = dtype
+    elif type(dtype).__module__.startswith("torch"):
+        name = str(dtype)  # torch.float32, ...
+    else:
+        try:
+            name = np.dtype(dtype).name  # numpy dtypes and scalar types, ml_dtypes.bfloat16
+        except TypeError:
+            name = str(dtype)
     try:
         return _DTYPE_BY_NAME[name]
     except KeyError:

@@ -41,9 +41,12 @@ class _Handle:
         self.ptr: Optional[int] = ptr
 
     def __del__(self) -> None:
-        if self.ptr:
-            lib.ple_close(self.ptr)
-            self.ptr = None
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            try:
+                lib.ple_close(ptr)
+            except Exception:  # interpreter shutdown: the module's globals may be gone
+                pass
 
 
 class Step:
