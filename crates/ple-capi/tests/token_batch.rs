@@ -205,7 +205,7 @@ fn bad_per_token_batches_are_refused() {
         b.positions = gap.as_ptr();
         assert_eq!(ple_submit_tokens(h, &b, 1), PLE_E_INVALID_ARGUMENT);
         assert!(
-            last_error().contains("a gap after position 0"),
+            last_error().contains("token 2 at position 3 but its 3 tokens start at position 0"),
             "{}",
             last_error()
         );

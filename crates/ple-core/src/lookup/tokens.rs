@@ -17,6 +17,7 @@
 
 use crate::error::{Error, Result};
 use crate::lookup::context::Batch;
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// A borrowed view of one step's per-token batch (the C `ple_token_batch`, checked for NULLs).
@@ -33,8 +34,8 @@ pub struct TokenBatch<'a> {
 /// A [`TokenBatch`] regrouped into the offsets form, with the way back to the caller's order.
 #[derive(Clone, Debug)]
 pub struct Grouped<'a> {
-    tokens: Vec<i32>,
-    positions: Vec<i32>,
+    tokens: Cow<'a, [i32]>,
+    positions: Cow<'a, [i32]>,
     request_ids: Vec<u64>,
     query_start: Vec<u32>,
     context: Option<&'a [i32]>,
@@ -43,7 +44,7 @@ pub struct Grouped<'a> {
     order: Option<Vec<u32>>,
 }
 
-impl Grouped<'_> {
+impl<'a> Grouped<'a> {
     /// Requests in the batch.
     pub fn num_requests(&self) -> usize {
         self.request_ids.len()
@@ -51,7 +52,7 @@ impl Grouped<'_> {
 
     /// The same grouping with stateless `context` (`[num_requests][ngram_size - 1]`, requests in
     /// order of first appearance) or none (tracked mode).
-    pub fn with_context<'b>(self, context: Option<&'b [i32]>) -> Grouped<'b> {
+    pub fn with_context(self, context: Option<&'a [i32]>) -> Grouped<'a> {
         Grouped { context, ..self }
     }
 
@@ -126,6 +127,44 @@ fn number_requests(ids: &[u64]) -> (Vec<u32>, Vec<u64>) {
     (idx, distinct)
 }
 
+/// The request ids and `query_start` of a batch that already is in the offsets form: each
+/// request's tokens contiguous and at consecutive positions. `None` otherwise. One pass, and a
+/// search of the requests seen so far only where the request id changes.
+fn spans_if_grouped(b: &TokenBatch) -> Option<(Vec<u64>, Vec<u32>)> {
+    let (ids, pos) = (b.request_ids, b.positions);
+    let mut distinct: Vec<u64> = Vec::new();
+    let mut seen: HashMap<u64, ()> = HashMap::new();
+    let mut query_start = vec![0u32];
+    for i in 0..ids.len() {
+        if i > 0 && ids[i] == ids[i - 1] {
+            if pos[i - 1].checked_add(1) != Some(pos[i]) {
+                return None;
+            }
+            continue;
+        }
+        // a new span: its request must not have had one before
+        let again = if distinct.len() <= 32 {
+            distinct.contains(&ids[i])
+        } else {
+            if seen.is_empty() {
+                seen.extend(distinct.iter().map(|&x| (x, ())));
+            }
+            seen.insert(ids[i], ()).is_some()
+        };
+        if again {
+            return None;
+        }
+        distinct.push(ids[i]);
+        if i > 0 {
+            query_start.push(i as u32);
+        }
+    }
+    if !ids.is_empty() {
+        query_start.push(ids.len() as u32);
+    }
+    Some((distinct, query_start))
+}
+
 /// Groups a per-token batch into the offsets form (see the module rules). Token ids, the token
 /// count and the context's length and values are checked afterwards by
 /// [`crate::lookup::context::validate_batch`] and the context resolution, on the grouped batch.
@@ -144,53 +183,59 @@ pub fn group_tokens<'a>(b: &TokenBatch<'a>) -> Result<Grouped<'a>> {
             b.request_ids[i], b.positions[i]
         ));
     }
+    if let Some((request_ids, query_start)) = spans_if_grouped(b) {
+        return Ok(Grouped {
+            tokens: Cow::Borrowed(b.tokens),
+            positions: Cow::Borrowed(b.positions),
+            request_ids,
+            query_start,
+            context: b.context,
+            order: None,
+        });
+    }
     let (req, distinct) = number_requests(b.request_ids);
-    // Already grouped and in position order: the identity, no sort.
-    let in_order = (1..n).all(|i| {
-        // request numbers non-decreasing = each request contiguous (first-appearance numbering)
-        req[i] > req[i - 1]
-            || req[i] == req[i - 1] && b.positions[i - 1].checked_add(1) == Some(b.positions[i])
-    });
-    let order: Option<Vec<u32>> = if in_order {
-        None
-    } else {
-        let mut o: Vec<u32> = (0..n as u32).collect();
-        o.sort_unstable_by_key(|&i| (req[i as usize], b.positions[i as usize], i));
-        Some(o)
-    };
-    let at = |g: usize| order.as_ref().map_or(g, |o| o[g] as usize);
-    let mut query_start = Vec::with_capacity(distinct.len() + 1);
+    // Counting placement, no sort: token i of request r goes to slot start[r] + pos - low[r].
+    // Positions distinct and consecutive <=> every slot is in range and taken exactly once.
+    let r = distinct.len();
+    let mut count = vec![0u32; r];
+    let mut low = vec![i32::MAX; r];
+    for (i, &q) in req.iter().enumerate() {
+        count[q as usize] += 1;
+        low[q as usize] = low[q as usize].min(b.positions[i]);
+    }
+    let mut query_start = Vec::with_capacity(r + 1);
     query_start.push(0u32);
-    for g in 1..n {
-        let (prev, cur) = (at(g - 1), at(g));
-        if req[cur] != req[prev] {
-            query_start.push(g as u32);
-            continue;
-        }
-        let (p0, p1) = (b.positions[prev], b.positions[cur]);
-        if p0.checked_add(1) != Some(p1) {
-            let what = if p1 == p0 {
-                "both at position".to_string()
-            } else {
-                format!("at positions {p0} and {p1}, a gap after position")
-            };
+    for &c in &count {
+        query_start.push(query_start.last().unwrap() + c);
+    }
+    const FREE: u32 = u32::MAX;
+    let mut order = vec![FREE; n];
+    for (i, &q) in req.iter().enumerate() {
+        let q = q as usize;
+        let off = (b.positions[i] - low[q]) as u32; // >= 0: low is the minimum
+        if off >= count[q] {
             return err(format!(
-                "request id {}: tokens {prev} and {cur} {what} {p0} (each request's positions in a step must be distinct and consecutive)",
-                b.request_ids[cur]
+                "request id {}: token {i} at position {} but its {} tokens start at position {} (each request's positions in a step must be distinct and consecutive)",
+                distinct[q], b.positions[i], count[q], low[q]
             ));
         }
+        let slot = &mut order[(query_start[q] + off) as usize];
+        if *slot != FREE {
+            return err(format!(
+                "request id {}: tokens {} and {i} both at position {} (each request's positions in a step must be distinct and consecutive)",
+                distinct[q], *slot, b.positions[i]
+            ));
+        }
+        *slot = i as u32;
     }
-    if n > 0 {
-        query_start.push(n as u32);
-    }
-    let pick = |v: &[i32]| -> Vec<i32> { (0..n).map(|g| v[at(g)]).collect() };
+    let pick = |v: &[i32]| -> Vec<i32> { order.iter().map(|&i| v[i as usize]).collect() };
     Ok(Grouped {
-        tokens: pick(b.tokens),
-        positions: pick(b.positions),
+        tokens: Cow::Owned(pick(b.tokens)),
+        positions: Cow::Owned(pick(b.positions)),
         request_ids: distinct,
         query_start,
         context: b.context,
-        order,
+        order: Some(order),
     })
 }
 

@@ -60,6 +60,19 @@ fn already_grouped_is_the_identity() {
     let g = group_tokens(&tb(&[1, 2, 3, 4], &[0, 0, 1, 1], &[1, 2, 1, 2])).unwrap();
     assert_eq!(g.order(), Some(&[0, 2, 1, 3][..]));
     assert_eq!(g.batch().request_ids, &[1, 2]);
+    // 50 one-token requests in order (the seen-set past 32 requests), then request 3 again
+    let mut ids: Vec<u64> = (0..50).collect();
+    let mut positions = vec![7; 50];
+    let ones = vec![1; 51];
+    let g = group_tokens(&tb(&ones[..50], &positions, &ids)).unwrap();
+    assert!(g.order().is_none());
+    assert_eq!(g.batch().query_start, (0..=50).collect::<Vec<u32>>());
+    ids.push(3);
+    positions.push(8);
+    let g = group_tokens(&tb(&ones, &positions, &ids)).unwrap();
+    let o = g.order().unwrap();
+    assert_eq!(&o[..5], &[0, 1, 2, 3, 50]);
+    assert_eq!(g.batch().query_start[3..6], [3, 5, 6]);
 }
 
 #[test]
@@ -94,7 +107,7 @@ fn errors_name_the_callers_tokens() {
     );
     let m = msg(group_tokens(&tb(&[1, 2, 3], &[4, 9, 6], &[5, 6, 5])));
     assert!(
-        m.contains("request id 5: tokens 0 and 2 at positions 4 and 6"),
+        m.contains("request id 5: token 2 at position 6 but its 2 tokens start at position 4"),
         "{m}"
     );
     let m = msg(group_tokens(&tb(&[1], &[i32::MAX], &[5]))
@@ -232,6 +245,46 @@ proptest! {
                     prop_assert_eq!(&got[i * H..(i + 1) * H], &want[j * H..(j + 1) * H],
                         "caller token {} (offsets token {}), stateless {}", i, j, stateless);
                 }
+            }
+        }
+    }
+}
+
+proptest! {
+    /// `group_tokens` accepts exactly the batches whose requests each have distinct, consecutive
+    /// positions (checked here by sorting), and then groups every token once, in position order.
+    #[test]
+    fn accepts_exactly_consecutive_positions(
+        toks in proptest::collection::vec((0u64..4, 0i32..12), 1..40),
+    ) {
+        let ids: Vec<u64> = toks.iter().map(|t| t.0).collect();
+        let pos: Vec<i32> = toks.iter().map(|t| t.1).collect();
+        let tokens: Vec<i32> = (0..toks.len() as i32).collect();
+        let mut by_req: std::collections::BTreeMap<u64, Vec<i32>> = Default::default();
+        for &(r, p) in &toks {
+            by_req.entry(r).or_default().push(p);
+        }
+        let valid = by_req.values_mut().all(|v| {
+            v.sort_unstable();
+            v.windows(2).all(|w| w[1] == w[0] + 1)
+        });
+        let got = group_tokens(&tb(&tokens, &pos, &ids));
+        prop_assert_eq!(got.is_ok(), valid, "{:?}", got.as_ref().err());
+        if let Ok(g) = got {
+            let b = g.batch();
+            validate_batch(&b, VOCAB_SIZE, 1 << 16).unwrap();
+            let mut seen = vec![false; tokens.len()];
+            for r in 0..b.num_requests() {
+                for j in b.span(r) {
+                    let c = b.tokens[j] as usize; // the caller's index
+                    prop_assert!(!seen[c]);
+                    seen[c] = true;
+                    prop_assert_eq!((ids[c], pos[c]), (b.request_ids[r], b.positions[j]));
+                }
+            }
+            prop_assert!(seen.iter().all(|&s| s));
+            if let Some(o) = g.order() {
+                prop_assert!(o.iter().enumerate().all(|(j, &c)| b.tokens[j] == c as i32));
             }
         }
     }
