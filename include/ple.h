@@ -416,6 +416,45 @@ typedef int32_t ple_dtype;
 typedef uint32_t ple_fuse_flags;
 
 /**
+ * One engine step's tokens in per-token form (llama.cpp's `llama_batch` shape), for
+ * `ple_submit_tokens` and `ple_ngram_ids_tokens`: every token carries its own request id and
+ * position, in any order. All arrays are read during the call only.
+ *
+ * Each request's positions in the step must be distinct and consecutive (`p .. p+m-1`, in any
+ * order). Row ids are those of the same tokens in the offsets form (`ple_batch`), and the step's
+ * rows (`ple_packed_rows`, `ple_dequant_*`, the ids of `ple_ngram_ids_tokens`) come in the
+ * caller's token order. Versioned: set `struct_size = sizeof(ple_token_batch)`.
+ */
+typedef struct ple_token_batch {
+  /**
+   * `sizeof(ple_token_batch)` as the caller compiled it.
+   */
+  size_t struct_size;
+  /**
+   * `[num_tokens]` token ids, each in `[0, vocab_size)`.
+   */
+  const int32_t *tokens;
+  /**
+   * `[num_tokens]` position of each token in its request's sequence.
+   */
+  const int32_t *positions;
+  /**
+   * `[num_tokens]` the request each token belongs to.
+   */
+  const uint64_t *token_request_ids;
+  /**
+   * Tokens in the step (1..=max_tokens_per_step).
+   */
+  uint32_t num_tokens;
+  /**
+   * NULL (tracked mode), or `[num_requests][ngram_size - 1]` (stateless mode) with the requests
+   * in order of their first token in `tokens`: the tokens just before the request's lowest
+   * position in the step, oldest first, EOS where the sequence has none.
+   */
+  const int32_t *context;
+} ple_token_batch;
+
+/**
  * Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
  */
 typedef struct ple_pack_options {
@@ -756,6 +795,19 @@ ple_status ple_release_request(struct ple_handle *handle, uint64_t request_id);
 /* ==============================================================================================
  * GPU: fused dequant, CUDA Graph mode, device errors
  * ============================================================================================== */
+
+/**
+ * Submits one engine step in per-token form (`ple_token_batch`: tokens in any order, each with
+ * its request id and position). As `ple_submit` of the same tokens grouped by request; the
+ * step's rows come in the caller's token order. Callers of `ple_submit` are unaffected.
+ */
+ple_status ple_submit_tokens(struct ple_handle *handle, const struct ple_token_batch *batch, uint64_t seq);
+
+/**
+ * `ple_ngram_ids` for a per-token batch: the 16 row ids of every token into `out_ids`
+ * (`[num_tokens * 16]`) in the caller's token order, with no side effects.
+ */
+ple_status ple_ngram_ids_tokens(const struct ple_handle *handle, const struct ple_token_batch *batch, int64_t *out_ids);
 
 /**
  * Dequantises step `seq`'s rows into the engine's device buffer `out` (a `CUdeviceptr`) with one

@@ -91,5 +91,28 @@ g++ -std=c++17 -Wall -Wextra -Werror -I"$prefix/include" -I"$site/nvidia/cuda_ru
 step "C tests under valgrind (ctest -L valgrind)"
 ctest --test-dir "$work/ffi" --output-on-failure -L valgrind
 
+# --- engine integrations (issue 16): llama.cpp's llama_batch, the Python wheel -------------------
+step "llama.cpp: a real llama_batch (llama.h from PyPI's llama-cpp-python sdist) through ple_submit_tokens, then in a ggml graph"
+# fetch.sh fails (and so this script) when the download fails: no silent skip
+tdir=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)
+llama=$(examples/llama_cpp/fetch.sh "$tdir/llama-cpp")
+# ggml's CPU backend, built once into target/ (about 70 s on 2 cores), for the ggml graph example
+ggml=$(examples/llama_cpp/build-ggml.sh "$llama" "$tdir/llama-cpp/ggml-build")
+cmake -S examples/llama_cpp -B "$work/llama" -DCMAKE_PREFIX_PATH="$prefix" -DLLAMA_CPP_DIR="$llama" \
+  -DGGML_BUILD_DIR="$ggml" >/dev/null
+cmake --build "$work/llama" -j 2 >/dev/null
+ctest --test-dir "$work/llama" --output-on-failure
+
+step "Python package: the wheel (with libple.so) in a fresh venv, pytest with no Rust toolchain on PATH"
+PLE_NO_BUILD=1 scripts/build-wheel.sh "$work/wheels" >/dev/null
+python3 -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install -q --disable-pip-version-check "$work"/wheels/ple-*.whl \
+  "pytest>=7" "ml_dtypes>=0.4"
+(cd "$work" && env -i PATH=/usr/bin:/bin HOME="$work" PLE_BIN="$prefix/bin/ple" PLE_EXPECT_INSTALLED=1 \
+  "$work/venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/python/tests")
+env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv/bin/python" examples/python/vllm_style.py \
+  "$work/examples/example-table" >/dev/null
+echo "examples/python/vllm_style.py ran on the CPU"
+
 echo
 echo "all test stages passed"

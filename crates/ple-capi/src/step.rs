@@ -7,10 +7,12 @@
 //! - `ple_submit` on a full ring (`PLE_RING_WAIT`): the handle's `wait_timeout_us`;
 //! - all of them end early with `PLE_E_STATE` when the handle is closed.
 
-use crate::boundary::{nonnull, slice_arg, slice_out, struct_arg, write_out};
+use crate::boundary::{nonnull, read_versioned, slice_arg, slice_out, struct_arg, write_out};
 use crate::handle::{handle_ref, ple_handle};
 use crate::status::ple_status;
-use crate::types::{out_args, ple_batch, ple_dtype, ple_fuse_flags};
+use crate::types::{
+    PLE_TOKEN_BATCH_SIZE_V1, out_args, ple_batch, ple_dtype, ple_fuse_flags, ple_token_batch,
+};
 use ple_core::Result;
 use std::ffi::c_void;
 
@@ -206,6 +208,105 @@ pub unsafe extern "C" fn ple_release_request(
     ffi_guard!({
         let h = handle_ref(handle)?;
         h.release_request(request_id);
+        Ok(())
+    })
+}
+
+/// Converts a C per-token batch to the core's grouped view, checking the version, pointers and
+/// lengths.
+///
+/// # Safety
+/// `b` is NULL or a `ple_token_batch` of at least `struct_size` bytes whose arrays hold the
+/// lengths it states.
+unsafe fn token_batch_arg<'a>(
+    b: *const ple_token_batch,
+    ngram_size: u32,
+) -> Result<ple_core::lookup::tokens::Grouped<'a>> {
+    use ple_core::lookup::tokens::{TokenBatch, group_tokens};
+    nonnull(b, "batch")?;
+    let mut c = ple_token_batch {
+        struct_size: 0,
+        tokens: std::ptr::null(),
+        positions: std::ptr::null(),
+        token_request_ids: std::ptr::null(),
+        num_tokens: 0,
+        context: std::ptr::null(),
+    };
+    // SAFETY: `b` is not NULL and, by the caller's contract, points at a ple_token_batch of at
+    // least `struct_size` bytes; read_versioned checks struct_size before copying that many.
+    unsafe { read_versioned(b, &mut c, PLE_TOKEN_BATCH_SIZE_V1, "batch")? };
+    let n = c.num_tokens as usize;
+    // SAFETY: by the caller's contract each array holds `num_tokens` elements (slice_arg checks
+    // NULL); they are read only during this call, the slices' lifetime.
+    let (tokens, positions, ids) = unsafe {
+        (
+            slice_arg(c.tokens, n, "batch.tokens")?,
+            slice_arg(c.positions, n, "batch.positions")?,
+            slice_arg(c.token_request_ids, n, "batch.token_request_ids")?,
+        )
+    };
+    let g = group_tokens(&TokenBatch {
+        tokens,
+        positions,
+        request_ids: ids,
+        context: None,
+    })?;
+    let context = if c.context.is_null() {
+        None
+    } else {
+        let len = g.num_requests() * (ngram_size as usize - 1);
+        // SAFETY: `[num_requests][ngram_size - 1]` long by the caller's contract (num_requests =
+        // the distinct ids just counted); read only during this call.
+        Some(unsafe { slice_arg(c.context, len, "batch.context")? })
+    };
+    Ok(g.with_context(context))
+}
+
+/// Submits one engine step in per-token form (`ple_token_batch`: tokens in any order, each with
+/// its request id and position). As `ple_submit` of the same tokens grouped by request; the
+/// step's rows come in the caller's token order. Callers of `ple_submit` are unaffected.
+///
+/// # Safety
+/// `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
+/// it states.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_submit_tokens(
+    handle: *mut ple_handle,
+    batch: *const ple_token_batch,
+    seq: u64,
+) -> ple_status {
+    ffi_guard!({
+        let h = handle_ref(handle)?;
+        // SAFETY: `batch` is as token_batch_arg requires, by this function's contract.
+        let g = unsafe { token_batch_arg(batch, h.ngram_size())? };
+        h.submit_tokens(&g, seq)
+    })
+}
+
+/// `ple_ngram_ids` for a per-token batch: the 16 row ids of every token into `out_ids`
+/// (`[num_tokens * 16]`) in the caller's token order, with no side effects.
+///
+/// # Safety
+/// `batch` as in `ple_submit_tokens`; `out_ids` is NULL or holds `num_tokens * 16` writable ids.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_ngram_ids_tokens(
+    handle: *const ple_handle,
+    batch: *const ple_token_batch,
+    out_ids: *mut i64,
+) -> ple_status {
+    ffi_guard!({
+        let h = handle_ref(handle)?;
+        // SAFETY: `batch` is as token_batch_arg requires, by this function's contract.
+        let g = unsafe { token_batch_arg(batch, h.ngram_size())? };
+        nonnull(out_ids, "out_ids")?;
+        let heads = h.num_heads();
+        let b = g.batch();
+        let mut grouped = vec![0i64; b.tokens.len() * heads];
+        h.ngram_ids(&b, &mut grouped)?;
+        let ids = g.to_caller_order(&grouped, heads);
+        // SAFETY: `out_ids` is not NULL and holds `num_tokens * 16` ids by the caller's contract
+        // (ids.len() is exactly that); it does not overlap `ids`, which this call owns.
+        unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), out_ids, ids.len()) };
         Ok(())
     })
 }

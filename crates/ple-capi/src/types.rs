@@ -479,3 +479,33 @@ pub fn out_args(dtype: ple_dtype, stride: usize, flags: ple_fuse_flags) -> Resul
     args.check()?;
     Ok(args)
 }
+
+/// One engine step's tokens in per-token form (llama.cpp's `llama_batch` shape), for
+/// `ple_submit_tokens` and `ple_ngram_ids_tokens`: every token carries its own request id and
+/// position, in any order. All arrays are read during the call only.
+///
+/// Each request's positions in the step must be distinct and consecutive (`p .. p+m-1`, in any
+/// order). Row ids are those of the same tokens in the offsets form (`ple_batch`), and the step's
+/// rows (`ple_packed_rows`, `ple_dequant_*`, the ids of `ple_ngram_ids_tokens`) come in the
+/// caller's token order. Versioned: set `struct_size = sizeof(ple_token_batch)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ple_token_batch {
+    /// `sizeof(ple_token_batch)` as the caller compiled it.
+    pub struct_size: usize,
+    /// `[num_tokens]` token ids, each in `[0, vocab_size)`.
+    pub tokens: *const i32,
+    /// `[num_tokens]` position of each token in its request's sequence.
+    pub positions: *const i32,
+    /// `[num_tokens]` the request each token belongs to.
+    pub token_request_ids: *const u64,
+    /// Tokens in the step (1..=max_tokens_per_step).
+    pub num_tokens: u32,
+    /// NULL (tracked mode), or `[num_requests][ngram_size - 1]` (stateless mode) with the requests
+    /// in order of their first token in `tokens`: the tokens just before the request's lowest
+    /// position in the step, oldest first, EOS where the sequence has none.
+    pub context: *const i32,
+}
+
+/// Size of the first version of `ple_token_batch` (through `context`).
+pub(crate) const PLE_TOKEN_BATCH_SIZE_V1: usize = std::mem::size_of::<ple_token_batch>();

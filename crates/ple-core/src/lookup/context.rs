@@ -10,6 +10,8 @@
 //! A step's tokens come in a [`Batch`] of spans, one per request, each at consecutive positions.
 //! The tokens just before a span come either from the caller (stateless mode, `Batch::context`)
 //! or from a [`Tracker`] that remembers each request's recent tokens by position (tracked mode).
+//! Per-token batches (llama.cpp's shape: tokens in any order, each with its own request id) are
+//! grouped into this form by [`crate::lookup::tokens::group_tokens`].
 //!
 //! How the pipeline uses this module (all on the submitting thread, so errors surface at submit):
 //!

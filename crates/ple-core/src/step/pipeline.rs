@@ -941,6 +941,18 @@ impl Pipeline {
     /// history on the calling thread, takes the next ring slot (waiting or failing per
     /// `ring_full_policy` while it holds an unconsumed step) and hands the step to the worker.
     pub fn submit(&self, b: &Batch, seq: u64) -> Result<()> {
+        self.submit_in_order(b, None, seq)
+    }
+
+    /// Submits a per-token batch (see `ple_submit_tokens`) grouped by
+    /// [`crate::lookup::tokens::group_tokens`]: as [`Pipeline::submit`] of the grouped batch, with
+    /// the step's rows staged in the caller's token order.
+    pub fn submit_tokens(&self, g: &crate::lookup::tokens::Grouped, seq: u64) -> Result<()> {
+        self.submit_in_order(&g.batch(), g.order(), seq)
+    }
+
+    /// [`Pipeline::submit`], staging token `order[g]` of the caller from token `g` of `b`.
+    fn submit_in_order(&self, b: &Batch, order: Option<&[u32]>, seq: u64) -> Result<()> {
         let mut sub = lock(&self.submit_state);
         let sh = &*self.sh;
         let last_seq = sub.last_seq;
@@ -1035,10 +1047,18 @@ impl Pipeline {
                 return Err(e);
             }
         }
+        let (tokens, ctx) = match order {
+            None => (b.tokens.to_vec(), ctx),
+            Some(o) => {
+                let k = meta.ngram_size as usize - 1;
+                let scatter = crate::lookup::tokens::scatter_rows;
+                (scatter(b.tokens, o, 1), scatter(&ctx, o, k))
+            }
+        };
         let job = Job {
             seq,
             slot,
-            tokens: b.tokens.to_vec(),
+            tokens,
             ctx,
             prefill,
             submitted: Instant::now(),

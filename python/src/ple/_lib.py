@@ -1,0 +1,191 @@
+"""ctypes declarations of libple's C API (include/ple.h): the versioned structs, the functions, and
+the error type. Struct layouts mirror the header field for field; the versioned structs carry
+`struct_size`, so a library with more (appended) fields still accepts them."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_float,
+    c_int32,
+    c_size_t,
+    c_uint8,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+
+c_int32_p = POINTER(c_int32)
+c_uint64_p = POINTER(c_uint64)
+c_uint32_p = POINTER(c_uint32)
+
+PLE_NUM_HEADS = 16
+PLE_EMBED_DIM = 2560
+
+DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
+FUSE_ACCUMULATE = 1
+FORMATS = {1: "nvfp4", 2: "fp8", 3: "bf16"}
+PREFETCH = {"auto": 0, "always": 1, "never": 2}
+RING_FULL = {"wait": 0, "error": 1}
+WAIT_MODE = {"auto": 0, "host": 1, "stream_op": 2, "spin_kernel": 3}
+WAIT_FOREVER = (1 << 64) - 1
+
+
+class ple_options(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("max_tokens_per_step", c_uint32),
+        ("max_in_flight", c_uint32),
+        ("num_threads", c_uint32),
+        ("prefetch_policy", c_int32),
+        ("prefetch_min_rows", c_uint32),
+        ("ring_full_policy", c_int32),
+        ("wait_timeout_us", c_uint64),
+        ("history_window", c_uint32),
+        ("cuda_device", c_int32),
+        ("wait_mode", c_int32),
+        ("config_json_path", c_char_p),
+        ("checkpoint_dir", c_char_p),
+    ]
+
+
+class ple_pack_options(Structure):
+    _fields_ = [("struct_size", c_size_t), ("force", c_int32), ("buffer_bytes", c_uint64)]
+
+
+class ple_batch(Structure):
+    _fields_ = [
+        ("tokens", c_void_p),
+        ("positions", c_void_p),
+        ("num_tokens", c_uint32),
+        ("request_ids", c_void_p),
+        ("query_start", c_void_p),
+        ("num_requests", c_uint32),
+        ("context", c_void_p),
+    ]
+
+
+class ple_token_batch(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("tokens", c_void_p),
+        ("positions", c_void_p),
+        ("token_request_ids", c_void_p),
+        ("num_tokens", c_uint32),
+        ("context", c_void_p),
+    ]
+
+
+class ple_info(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("format", c_int32),
+        ("row_bytes", c_uint32),
+        ("total_rows", c_uint64),
+        ("addressed_rows", c_uint64),
+        ("num_heads", c_uint32),
+        ("head_dim", c_uint32),
+        ("ngram_size", c_uint32),
+        ("vocab_size", c_uint32),
+        ("eos_token_id", c_int32),
+        ("global_scale", c_float),
+        ("file_size", c_uint64),
+        ("device_wait_supported", c_int32),
+        ("source_name", c_char * 256),
+        ("source_fingerprint", c_char * 72),
+    ]
+
+
+COUNTER_FIELDS = [
+    "prefill_steps", "decode_steps", "prefill_tokens", "decode_tokens", "prefill_rows",
+    "decode_rows", "unique_pages", "pages_prefetched", "prefetch_steps", "major_faults",
+    "minor_faults", "storage_read_bytes", "hash_ns", "prefetch_ns", "gather_ns", "copy_ns",
+    "wait_ns", "prefill_step_ns", "decode_step_ns", "timeouts", "failed_steps",
+    "resident_pages", "table_pages", "mem_available_bytes", "queue_ns",
+]  # fmt: skip
+
+
+class ple_counters(Structure):
+    _fields_ = [("struct_size", c_size_t)] + [(f, c_uint64) for f in COUNTER_FIELDS]
+
+
+PROGRESS_FN = CFUNCTYPE(c_int32, c_uint64, c_uint64, c_void_p)
+
+
+class PleError(RuntimeError):
+    """A libple call failed: `status` (the `PLE_E_*` code), `name` (its name, e.g.
+    ``"PLE_E_INVALID_ARGUMENT"``) and `message` (`ple_last_error_message()`)."""
+
+    def __init__(self, status: int, name: str, message: str):
+        super().__init__(f"{name}: {message}")
+        self.status = status
+        self.name = name
+        self.message = message
+
+
+def _find_library() -> str:
+    env = os.environ.get("PLE_LIBRARY")
+    if env:
+        return env
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libple.so")
+    if os.path.exists(here):
+        return here
+    return "libple.so.0.1"  # an installed libple on the loader's path
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    h = c_void_p
+    sigs = {
+        "ple_status_name": (c_char_p, [c_int32]),
+        "ple_version_string": (c_char_p, []),
+        "ple_abi_version": (c_uint32, []),
+        "ple_last_error_message": (c_char_p, []),
+        "ple_options_default": (c_int32, [POINTER(ple_options)]),
+        "ple_open": (c_int32, [c_char_p, POINTER(ple_options), POINTER(c_void_p)]),
+        "ple_close": (None, [h]),
+        "ple_table_info": (c_int32, [h, POINTER(ple_info)]),
+        "ple_stats": (c_int32, [h, POINTER(ple_counters)]),
+        "ple_submit": (c_int32, [h, POINTER(ple_batch), c_uint64]),
+        "ple_submit_tokens": (c_int32, [h, POINTER(ple_token_batch), c_uint64]),
+        "ple_wait": (c_int32, [h, c_uint64, c_uint64]),
+        "ple_packed_rows": (c_int32, [h, c_uint64, POINTER(POINTER(c_uint8)), c_uint32_p]),
+        "ple_release_step": (c_int32, [h, c_uint64]),
+        "ple_dequant_cpu": (c_int32, [h, c_uint64, c_void_p, c_int32, c_size_t, c_uint32]),
+        "ple_dequant_fuse": (
+            c_int32,
+            [h, c_void_p, c_uint64, c_void_p, c_int32, c_size_t, c_uint32],
+        ),
+        "ple_ngram_ids": (c_int32, [h, POINTER(ple_batch), c_void_p]),
+        "ple_ngram_ids_tokens": (c_int32, [h, POINTER(ple_token_batch), c_void_p]),
+        "ple_release_request": (c_int32, [h, c_uint64]),
+        "ple_pack_options_default": (c_int32, [POINTER(ple_pack_options)]),
+        "ple_pack": (
+            c_int32,
+            [c_char_p, c_char_p, POINTER(ple_pack_options), PROGRESS_FN, c_void_p],
+        ),
+    }
+    for name, (res, args) in sigs.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args
+
+
+lib = ctypes.CDLL(_find_library())
+_declare(lib)
+
+
+def status_name(status: int) -> str:
+    return lib.ple_status_name(status).decode()
+
+
+def check(status: int) -> None:
+    """Raises `PleError` for a status other than PLE_OK (0)."""
+    if status != 0:
+        msg = (lib.ple_last_error_message() or b"").decode("utf-8", "replace")
+        raise PleError(status, status_name(status), msg)
