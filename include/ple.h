@@ -54,11 +54,6 @@
  */
 #define PLE_MAX_TRACKED_REQUESTS 65536
 
-/**
- * Log records queued for the callback at most; more are dropped (and counted) until it catches up.
- */
-#define QUEUE_RECORDS 4096
-
 /* ==============================================================================================
  * Status codes
  * ============================================================================================== */
@@ -792,22 +787,29 @@ ple_status ple_ngram_ids(const struct ple_handle *handle, const struct ple_batch
  */
 ple_status ple_release_request(struct ple_handle *handle, uint64_t request_id);
 
-/* ==============================================================================================
- * GPU: fused dequant, CUDA Graph mode, device errors
- * ============================================================================================== */
-
 /**
  * Submits one engine step in per-token form (`ple_token_batch`: tokens in any order, each with
  * its request id and position). As `ple_submit` of the same tokens grouped by request; the
  * step's rows come in the caller's token order. Callers of `ple_submit` are unaffected.
+ *
+ * # Safety
+ * `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
+ * it states.
  */
 ple_status ple_submit_tokens(struct ple_handle *handle, const struct ple_token_batch *batch, uint64_t seq);
 
 /**
  * `ple_ngram_ids` for a per-token batch: the 16 row ids of every token into `out_ids`
  * (`[num_tokens * 16]`) in the caller's token order, with no side effects.
+ *
+ * # Safety
+ * `batch` as in `ple_submit_tokens`; `out_ids` is NULL or holds `num_tokens * 16` writable ids.
  */
 ple_status ple_ngram_ids_tokens(const struct ple_handle *handle, const struct ple_token_batch *batch, int64_t *out_ids);
+
+/* ==============================================================================================
+ * GPU: fused dequant, CUDA Graph mode, device errors
+ * ============================================================================================== */
 
 /**
  * Dequantises step `seq`'s rows into the engine's device buffer `out` (a `CUdeviceptr`) with one

@@ -22,7 +22,7 @@ pub type LogCallback =
     extern "C" fn(level: ple_log_level, msg: *const std::ffi::c_char, user_data: *mut c_void);
 
 /// Log records queued for the callback at most; more are dropped (and counted) until it catches up.
-pub const QUEUE_RECORDS: usize = 4096;
+pub(crate) const QUEUE_RECORDS: usize = 4096;
 
 #[derive(Clone, Copy)]
 struct Sink {
