@@ -40,13 +40,13 @@ impl EngineStream {
         )?;
         let _g = CtxGuard::push(e.ctx)?;
         let nb = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        // SAFETY: creation into a valid out-parameter in the current context; destroyed in Drop.
         ck(
+            // SAFETY: creation into a valid out-parameter in the current context; destroyed in Drop.
             unsafe { (d.cuStreamCreate)(&mut e.stream, nb) },
             "cuStreamCreate",
         )?;
-        // SAFETY: allocation into a valid out-parameter; freed in Drop.
         ck(
+            // SAFETY: allocation into a valid out-parameter; freed in Drop.
             unsafe { (d.cuMemAlloc_v2)(&mut e.buf, bytes) },
             "cuMemAlloc",
         )?;

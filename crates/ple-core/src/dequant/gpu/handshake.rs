@@ -245,8 +245,8 @@ impl GpuSide {
         }
         let mut e: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: creation into a valid local in the current (our) context; destroyed in drop.
         ck(
+            // SAFETY: creation into a valid local in the current (our) context; destroyed in drop.
             unsafe { (self.d.cuEventCreate)(&mut e, flags) },
             "cuEventCreate",
         )?;

@@ -249,10 +249,8 @@ impl GpuSide {
         let i = self.take_event()?;
         let ev = self.events.lock().unwrap_or_else(|p| p.into_inner()).0[i];
         // SAFETY: our event, the caller's stream (same context, checked).
-        if let Err(e) = ck(
-            unsafe { (self.d.cuEventRecord)(ev.0, stream) },
-            "cuEventRecord",
-        ) {
+        let r = unsafe { (self.d.cuEventRecord)(ev.0, stream) };
+        if let Err(e) = ck(r, "cuEventRecord") {
             self.recycle_events(std::iter::once(i));
             return Err(e);
         }

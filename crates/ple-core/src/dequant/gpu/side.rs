@@ -105,13 +105,13 @@ impl GpuSide {
         // SAFETY: every entry point was resolved; cuInit has no other precondition.
         ck(unsafe { (d.cuInit)(0) }, "cuInit")?;
         let (mut drv, mut count) = (0i32, 0i32);
-        // SAFETY: plain queries into valid locals.
         ck(
+            // SAFETY: plain queries into valid locals.
             unsafe { (d.cuDriverGetVersion)(&mut drv) },
             "cuDriverGetVersion",
         )?;
-        // SAFETY: as above.
         ck(
+            // SAFETY: as above.
             unsafe { (d.cuDeviceGetCount)(&mut count) },
             "cuDeviceGetCount",
         )?;
@@ -122,8 +122,8 @@ impl GpuSide {
             );
         }
         let mut dev: sys::CUdevice = 0;
-        // SAFETY: the ordinal is in range (checked above); the out-parameter is a valid local.
         ck(
+            // SAFETY: the ordinal is in range (checked above); the out-parameter is a valid local.
             unsafe { (d.cuDeviceGet)(&mut dev, cfg.device) },
             "cuDeviceGet",
         )?;
