@@ -68,6 +68,10 @@ pub unsafe extern "C" fn ple_submit(
 /// Blocks until step `seq` is complete (`done >= seq`), spinning briefly then sleeping.
 /// `timeout_us`: microseconds, 0 = the handle's default (`wait_timeout_us`), `UINT64_MAX` = forever.
 /// Returns `PLE_OK`, the step's own error, `PLE_E_TIMEOUT`, or `PLE_E_STATE` for a seq never submitted.
+/// A step already consumed (`ple_dequant_*`) or released (`ple_release_step`) is still a submitted
+/// step: `PLE_OK` once it is complete, or its own error while its failure is recorded (a consuming
+/// call that reported the failure forgets it). So after `ple_dequant_fuse` in a device-wait mode,
+/// `ple_wait(seq)` tells the engine whether the step the kernel consumed succeeded.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_wait(
     handle: *const ple_handle,

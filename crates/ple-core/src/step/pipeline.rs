@@ -1433,6 +1433,9 @@ impl Pipeline {
     /// reference is dropped.
     pub fn shutdown(&self) {
         self.sh.closing.store(true, Ordering::SeqCst);
+        if let Some(g) = &self.sh.gpu {
+            g.begin_close(); // device waits and the worker's slot waits stop now
+        }
         let _ring = lock(&self.sh.ring);
         self.sh.cv.notify_all();
     }
@@ -1443,6 +1446,9 @@ impl Drop for Pipeline {
     /// drops the pool and joins its threads: nothing of the handle outlives the call.
     fn drop(&mut self) {
         self.sh.closing.store(true, Ordering::SeqCst);
+        if let Some(g) = &self.sh.gpu {
+            g.begin_close();
+        }
         lock(&self.submit_state).tx = None;
         if let Some(w) = self.worker.take() {
             let _ = w.join();

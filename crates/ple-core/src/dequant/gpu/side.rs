@@ -439,10 +439,11 @@ impl GpuSide {
         Ok(())
     }
 
-    /// Releases every device waiter: spin waits see `closing`; stream memory waits see `done`
-    /// reach the largest step one was enqueued for; the gate of each then finds no matching
-    /// header (or `closing`) and its dequant launch fills NaN instead of reading rows.
-    fn release_waiters(&self) {
+    /// Starts closing (idempotent): every device waiter is released (spin waits see `closing`;
+    /// stream memory waits see `done` reach the largest step one was enqueued for; the gate of
+    /// each then finds `closing` and its dequant launch fills NaN instead of reading rows), and
+    /// the worker's slot and copy waits stop. Call before joining the worker.
+    pub fn begin_close(&self) {
         self.closing.store(true, Ordering::SeqCst);
         self.ctrl_u32(CTRL_CLOSING).store(1, Ordering::SeqCst);
         let v = release_value(
@@ -489,7 +490,7 @@ impl Drop for GpuSide {
             .ok();
         let _m = RelaxedCapture::enter().ok();
         if !self.ctrl.is_null() {
-            self.release_waiters();
+            self.begin_close();
         }
         if !self.drain_own_work(CLOSE_DRAIN) {
             log::error!(
