@@ -78,6 +78,13 @@ soname=$(objdump -p "$so" 2>/dev/null | awk '/SONAME/{print $2}')
 [[ -n "$soname" && "$soname" != libple.so ]] && ln -sf libple.so "$work/lib/$soname"
 export LD_LIBRARY_PATH="$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+cc=${CC:-}
+for c in gcc cc clang; do [[ -z "$cc" ]] && command -v "$c" >/dev/null && cc=$c; done
+if [[ -z "$cc" ]]; then
+    say "no C compiler (gcc, cc, clang) on this machine" | tee -a "$out/env.txt"
+    exit 2
+fi
+echo "compiler: $cc" >>"$out/env.txt"
 flags=(-O2 -std=gnu11 -Wall -Wextra -Wno-format-truncation -ffp-contract=off -fno-fast-math
     -I "$root/include" -I "$cuda_inc")
 build_ok=1
@@ -95,14 +102,14 @@ int main(void) {
     return r == CUDA_SUCCESS && n > 0 ? 0 : 3;
 }
 C
-    gcc "${flags[@]}" "$work/probe.c" -o "$work/bin/probe" "$libcuda" || build_ok=0
+    "$cc" "${flags[@]}" "$work/probe.c" -o "$work/bin/probe" "$libcuda" || build_ok=0
     for p in gpu_test gpu_robust gpu_bench; do
         echo "== $p"
-        gcc "${flags[@]}" "$here/$p.c" -o "$work/bin/$p" "$work/lib/libple.so" "$libcuda" -lpthread -lm ||
+        "$cc" "${flags[@]}" "$here/$p.c" -o "$work/bin/$p" "$work/lib/libple.so" "$libcuda" -lpthread -lm ||
             build_ok=0
     done
     echo "== selftest (CPU-only reference)"
-    gcc "${flags[@]}" "$here/selftest.c" -o "$work/bin/selftest" -lm || build_ok=0
+    "$cc" "${flags[@]}" "$here/selftest.c" -o "$work/bin/selftest" -lm || build_ok=0
 } >"$out/build.log" 2>&1
 if [[ $build_ok -ne 1 ]]; then
     tail -30 "$out/build.log"

@@ -80,8 +80,15 @@ impl GpuSide {
                 break;
             }
         }
+        if result.is_err() {
+            // unfinished readers stay recorded: the next attempt (or close) waits for them again
+            let mut st = self.slot_state[slot]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            st.readers.extend(old.iter().copied());
+            return result;
+        }
         self.recycle_events(old.iter().map(|&(_, i)| i));
-        result?;
         let direct = old.iter().any(|&(q, _)| q == occupant);
         let base = self.graph_base.load(Ordering::Acquire);
         if base != 0 && occupant >= base && !direct {
