@@ -89,10 +89,11 @@ fn reclaim_frees_exactly_the_ready_steps_replays_consumed() {
     assert!(!r.left_ring(10) && r.skipped.back() == Some(&(9, 11)));
 }
 
-/// Issue: re-calling `ple_graph_prepare` stranded a Ready step a replay had consumed (its slot was
-/// never freed, the next submit into it waited out the timeout). With a stand-in `consumed`
-/// word, the whole path runs on the CPU: prepare, steps consumed by "replays", re-prepare, and
-/// the next steps must find their slots free (ring_full_policy = Error refuses otherwise).
+/// Re-calling `ple_graph_prepare` must not strand a Ready step a replay consumed (its slot would
+/// never be freed: the new base no longer counts it, and the next submit into it would wait out
+/// the timeout). With a stand-in `consumed` word the whole path runs on the CPU: prepare, steps
+/// consumed by "replays", re-prepare, and the next steps must find their slots free
+/// (ring_full_policy = Error refuses otherwise).
 #[test]
 fn re_prepare_frees_the_slots_of_steps_replays_consumed() {
     let d = table();
@@ -142,8 +143,8 @@ fn a_refused_prepare_changes_nothing() {
     assert_eq!(p.sh.graph_base.load(Ordering::SeqCst), 3, "base kept");
 }
 
-/// Issue: a failed step was published to the device while holding the ring's lock (a wait of
-/// up to `wait_timeout_us`), blocking every API call. The device publish must happen without it.
+/// A failed step is published to the device without the ring's lock: whatever that publish
+/// does, no API call may wait behind it.
 #[test]
 fn a_failed_step_is_published_to_the_device_without_the_ring_lock() {
     let d = table();
