@@ -42,11 +42,12 @@ impl GpuSide {
         Ok(())
     }
 
-    /// The device ordinal of `p`, or None when the driver does not know `p` as device memory.
-    fn device_of(&self, p: u64) -> Option<i32> {
+    /// Whether the driver knows `p` as device (or managed) memory of our device: its memory type
+    /// is device or unified, and its device ordinal, where the driver reports one, is ours.
+    fn is_our_device_memory(&self, p: u64) -> bool {
         let d = self.d;
         let mut mt: u32 = 0;
-        // SAFETY: attribute query; MEMORY_TYPE writes an unsigned int.
+        // SAFETY: attribute query; MEMORY_TYPE writes an unsigned int into a valid local.
         let r = unsafe {
             (d.cuPointerGetAttribute)(
                 &mut mt as *mut u32 as *mut c_void,
@@ -57,10 +58,10 @@ impl GpuSide {
         let device = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
         let unified = sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED as u32;
         if r != sys::CUresult::CUDA_SUCCESS || (mt != device && mt != unified) {
-            return None;
+            return false;
         }
         let mut ord: i32 = -1;
-        // SAFETY: attribute query; DEVICE_ORDINAL writes an int.
+        // SAFETY: attribute query; DEVICE_ORDINAL writes an int into a valid local.
         let r = unsafe {
             (d.cuPointerGetAttribute)(
                 &mut ord as *mut i32 as *mut c_void,
@@ -68,13 +69,13 @@ impl GpuSide {
                 p,
             )
         };
-        (r == sys::CUresult::CUDA_SUCCESS).then_some(ord)
+        r != sys::CUresult::CUDA_SUCCESS || ord == self.device
     }
 
     /// What the driver says about `out` and the last byte of `extent` bytes from it.
     fn placement(&self, out: u64, extent: u64) -> OutPlacement {
         let d = self.d;
-        let device_memory = self.device_of(out) == Some(self.device);
+        let device_memory = self.is_our_device_memory(out);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: succeeds only for memory mapped with cuMemMap; the retained handle is
         // released right below.
@@ -94,7 +95,7 @@ impl GpuSide {
             device_memory,
             vmm,
             range,
-            last_byte_mapped: self.device_of(last) == Some(self.device),
+            last_byte_mapped: self.is_our_device_memory(last),
         }
     }
 
