@@ -39,6 +39,8 @@
  *   err         DevError at CTRL_ERR: the first device error since the host last cleared it;
  *   epoch       u32 at CTRL_EPOCH: how many device errors the host has cleared;
  *   consumed    u64 at CTRL_CONSUMED: CUDA Graph mode, the last step a replay handled;
+ *   entered     u64 at CTRL_ENTERED: CUDA Graph mode, the step of the last replay that started
+ *               (entered > consumed: a replay is running; close waits for it);
  *   headers[s]  SlotHeader at CTRL_HEADERS, per ring slot s = seq % slots: {seq, num_tokens,
  *               failed}, written before done.
  * Device control block `dctrl`: dev_seq (u64 at DEV_SEQ, graph mode: the step the next replay
@@ -86,6 +88,7 @@ typedef unsigned char u8;
 #define CTRL_ERR 128
 #define CTRL_EPOCH 192
 #define CTRL_CONSUMED 256
+#define CTRL_ENTERED 320
 #define CTRL_HEADERS 384
 #define DEV_SEQ 0
 #define DEV_CLAIM 128
@@ -518,6 +521,10 @@ extern "C" __global__ void ple_wait_gate(WaitParams p) {
     u64 expected = p.graph ? *(volatile u64 *)(p.dctrl + DEV_SEQ) : p.expected;
     u32 slot = (u32)(expected % p.slots);
     u32 ok = 0, n = p.expect_n ? p.expect_n : p.capacity;
+    if (p.graph) {
+        *(volatile u64 *)(p.ctrl + CTRL_ENTERED) = expected;
+        __threadfence_system();
+    }
     u64 t0 = global_timer_ns();
     u32 nap = 32;
     for (;;) {

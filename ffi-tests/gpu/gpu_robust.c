@@ -276,6 +276,7 @@ static void test_k(table_t *t) {
             CU(cuStreamEndCapture(g_s, &g));
             CU(cuGraphInstantiateWithFlags(&exec, g, 0));
             CU(cuGraphLaunch(exec, g_s));
+            usleep(50000); /* the replay is running (spinning) when close comes */
         } else {
             /* steps in flight: submitted and fused (device waits queued), then closed at once */
             for (int i = 0; i < 3; i++) {

@@ -38,12 +38,14 @@ pub const FLAG_ZERO_COPY: u32 = 8;
 pub const FLAG_VEC: u32 = 16;
 
 /// Host-mapped control block (bytes): done; closing; the error record and the host's error
-/// epoch; consumed; the slot headers (each group on its own 64-byte half line or more).
+/// epoch; consumed and entered (graph replays); the slot headers (each group on its own 64-byte
+/// half line or more).
 pub const CTRL_DONE: usize = 0;
 pub const CTRL_CLOSING: usize = 64;
 pub const CTRL_ERR: usize = 128;
 pub const CTRL_EPOCH: usize = 192;
 pub const CTRL_CONSUMED: usize = 256;
+pub const CTRL_ENTERED: usize = 320;
 pub const CTRL_HEADERS: usize = 384;
 /// Device control block (bytes): dev_seq, the error claim word, the gates.
 pub const DEV_SEQ: usize = 0;
@@ -52,7 +54,8 @@ pub const DEV_GATES: usize = 256;
 const _: () = assert!(CTRL_CLOSING >= CTRL_DONE + 8 && CTRL_ERR >= CTRL_CLOSING + 4);
 const _: () = assert!(CTRL_EPOCH >= CTRL_ERR + size_of::<DevError>());
 const _: () = assert!(CTRL_CONSUMED >= CTRL_EPOCH + 4);
-const _: () = assert!(CTRL_HEADERS >= CTRL_CONSUMED + 8 && CTRL_HEADERS % 16 == 0);
+const _: () = assert!(CTRL_ENTERED >= CTRL_CONSUMED + 8);
+const _: () = assert!(CTRL_HEADERS >= CTRL_ENTERED + 8 && CTRL_HEADERS % 16 == 0);
 const _: () = assert!(DEV_CLAIM >= DEV_SEQ + 8 && DEV_GATES >= DEV_CLAIM + 4);
 
 /// Per-slot header in host-mapped memory (`SlotHeader` in the kernels).
@@ -353,6 +356,7 @@ mod tests {
             ("CTRL_ERR", CTRL_ERR as u64),
             ("CTRL_EPOCH", CTRL_EPOCH as u64),
             ("CTRL_CONSUMED", CTRL_CONSUMED as u64),
+            ("CTRL_ENTERED", CTRL_ENTERED as u64),
             ("CTRL_HEADERS", CTRL_HEADERS as u64),
             ("DEV_SEQ", DEV_SEQ as u64),
             ("DEV_CLAIM", DEV_CLAIM as u64),

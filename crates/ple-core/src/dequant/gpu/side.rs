@@ -454,10 +454,21 @@ impl GpuSide {
     }
 
     /// Waits (bounded) until every kernel of ours that may still read our memory has finished:
-    /// the events after direct fuses and the H2D copy. Never synchronises the context (the
-    /// engine's work is not ours to wait for). Returns false if some did not finish in time.
+    /// the events after direct fuses, the H2D copy, and a CUDA Graph replay that has started
+    /// (`entered > consumed`; released by `begin_close`, it ends within microseconds). Never
+    /// synchronises the context (the engine's work is not ours to wait for); a replay the engine
+    /// queued but the device has not started is the engine's to finish before `ple_close`.
+    /// Returns false if some did not finish in time.
     fn drain_own_work(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
+        if self.graph_base.load(Ordering::Acquire) != 0 {
+            while self.ctrl_u64(CTRL_ENTERED).load(Ordering::Acquire) > self.consumed_seq() {
+                if Instant::now() > deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
         let evs: Vec<Ev> = {
             let st = self.events.lock().unwrap_or_else(|p| p.into_inner());
             let free: std::collections::HashSet<usize> = st.1.iter().copied().collect();
