@@ -64,7 +64,10 @@ pub unsafe extern "C" fn ple_graph_prepare(
 /// `out` (a `CUdeviceptr` holding `capacity_tokens` tokens at `out_stride` elements of `out_dtype`)
 /// and the advance to the next step, with no step number baked in: capture this call into a CUDA
 /// graph once, after `ple_graph_prepare`. A step with more than `capacity_tokens` tokens is not
-/// written and raises a device error (`ple_check_device`). `flags` as in `ple_dequant_fuse`.
+/// written: its tokens up to the capacity are filled with NaN and a device error is raised
+/// (`ple_check_device`). `flags` as in `ple_dequant_fuse`. The graph holds libple's addresses:
+/// stop replaying, synchronise the stream and destroy the graph before `ple_close` (close waits
+/// for a replay that has started, not for one still queued).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_dequant_fuse_graph(
     handle: *mut ple_handle,
