@@ -15,7 +15,7 @@
 //!   blocks, called without the ring's lock) so device waiters are released.
 //! - `dequant_fuse` claims the step (Pending or Ready → Consuming), calls `GpuSide::fuse` (host
 //!   wait = `wait(seq, 0)`) and frees the slot on success; the GPU side keeps the kernel's event
-//!   so the slot's device rows are not overwritten before the kernel read them.
+//!   so the slot's rows (staging or device rows) are not overwritten before the kernel read them.
 //! - CUDA Graph mode (`graph_prepare`, `step/gpu.rs`): a Ready step `s >= base` counts as
 //!   consumed, its slot free, once `GpuSide::consumed_seq() >= s`; parked submitters poll for
 //!   that every `GRAPH_POLL`. Re-preparing first frees the Ready steps replays consumed under the
@@ -1291,10 +1291,10 @@ impl Pipeline {
     /// GPU dequant (see `ple_dequant_fuse`): enqueues step `seq`'s wait and dequantisation on the
     /// engine's `stream` (`GpuSide::fuse`, `out` a device pointer) and marks the step consumed
     /// once enqueued; the GPU side keeps the kernel's event, so the worker does not overwrite the
-    /// slot's device rows before the kernel has read them. `Error::State` for a step not
-    /// submitted, already consumed or being consumed; a failed step returns its error (and is
-    /// released, as with `dequant_cpu`). With `PLE_WAIT_HOST` the call first waits for the step
-    /// on the host (`wait(seq, 0)`); with device waits it returns without waiting.
+    /// slot's rows (staging or device rows) before the kernel has read them. `Error::State` for a
+    /// step not submitted, already consumed or being consumed; a failed step returns its error
+    /// (and is released, as with `dequant_cpu`). With `PLE_WAIT_HOST` the call first waits for
+    /// the step on the host (`wait(seq, 0)`); with device waits it returns without waiting.
     pub fn dequant_fuse(
         &self,
         stream: *mut c_void,
