@@ -7,6 +7,11 @@
 // batch, then ple_dequant_fuse adds the step's PLE embeddings (bf16) into the engine's device
 // buffer on the engine's stream, ordered after the rows are on the device without blocking the
 // host where the GPU supports it. One prefill chunk, then decode steps for two requests.
+//
+// Errors: a call's status reports what it was asked; a step that fails after ple_dequant_fuse
+// returned (device-wait modes enqueue before the step is complete) is reported by
+// ple_check_device (its kernel filled the step's tokens with NaN) and by ple_wait(seq), which
+// returns PLE_OK for a consumed step that completed.
 #include <cuda_runtime.h>
 #include <ple.h>
 
@@ -31,8 +36,7 @@
         }                                                                                           \
     } while (0)
 
-static const int EOS = 248044;
-static const int DIM = 2560;
+static const int DIM = PLE_EMBED_DIM;
 
 int main(int argc, char **argv) {
     if (argc != 2) {
@@ -55,6 +59,10 @@ int main(int argc, char **argv) {
     opts.max_tokens_per_step = 2048;
     ple_handle *h = nullptr;
     TRY(ple_open(argv[1], &opts, &h));
+    ple_info info{};
+    info.struct_size = sizeof info;
+    TRY(ple_table_info(h, &info));
+    const int32_t EOS = info.eos_token_id;
 
     void *hidden = nullptr;  // the engine's [tokens][2560] bf16 activations
     CUDA_TRY(cudaMalloc(&hidden, sizeof(uint16_t) * 2048 * DIM));
@@ -85,7 +93,8 @@ int main(int argc, char **argv) {
         // ... the engine's layer-1 kernels would consume `hidden` here, on the same stream ...
     }
     CUDA_TRY(cudaStreamSynchronize(stream));
-    TRY(ple_wait(h, seq, UINT64_MAX));  // surfaces any step error (0 would only poll)
+    TRY(ple_check_device(h));  // a kernel that could not consume its step (NaN-filled)
+    for (uint64_t s = 1; s <= seq; s++) TRY(ple_wait(h, s, 0));  // polls: each consumed step succeeded
 
     ple_counters st{};
     st.struct_size = sizeof st;

@@ -1,8 +1,7 @@
 /*
- * libple GPU kernels (SPEC §5 dequantisation, §8 handshake). Compiled to PTX by NVRTC
- * (scripts/gen-ptx.py, target compute_80, -fmad=false) and embedded in libple (crates/ple-core/src/dequant/gpu.rs).
- * No headers: everything below is plain CUDA C++ with `extern "C"` entry points, so the mangled
- * names never matter and the host can look kernels up by name.
+ * libple GPU kernels. Compiled to PTX by NVRTC (scripts/gen-ptx.py, target compute_80,
+ * -fmad=false) and embedded in libple (crates/ple-core/src/dequant/gpu/layout.rs). No headers:
+ * plain CUDA C++ with `extern "C"` entry points, so the host looks kernels up by name.
  *
  * ---------------------------------------------------------------------------------------------
  * THE DEQUANTISATION RULE (every path, CPU and GPU, must match it bit for bit)
@@ -31,17 +30,32 @@
  * stride padding (2560..out_stride-1) are never read or written.
  *
  * ---------------------------------------------------------------------------------------------
- * THE HANDSHAKE (device side)
+ * THE HANDSHAKE (device side; the host side is crates/ple-core/src/dequant/gpu/, docs/GPU.md)
  * ---------------------------------------------------------------------------------------------
- * Host-mapped (pinned, DEVICEMAP) words written by the library's worker thread:
- *   done        u64, = the last published step (steps publish in increasing seq order);
- *   headers[s]  per ring slot s = seq % slots: {seq, num_tokens, failed}, written before done;
- *   err         first device-side error {code, slot, seq, detail}, cleared by the host.
- * Device memory: rows of slot s at rows + s * slot_stride ([num_tokens][16][row_bytes]);
- *   gates[s]    result of the wait kernel for slot s {seq, num_tokens, ok};
- *   dev_seq     CUDA Graph mode: the step the next replay consumes.
+ * Host-mapped control block `ctrl` (pinned, DEVICEMAP), written by the library's worker thread:
+ *   done        u64 at CTRL_DONE: the last published step (steps publish in increasing seq order;
+ *               on close, a value >= every step a device wait was enqueued for);
+ *   closing     u32 at CTRL_CLOSING: 1 once the handle is closing (device waits stop);
+ *   err         DevError at CTRL_ERR: the first device error since the host last cleared it;
+ *   epoch       u32 at CTRL_EPOCH: how many device errors the host has cleared;
+ *   consumed    u64 at CTRL_CONSUMED: CUDA Graph mode, the last step a replay handled;
+ *   entered     u64 at CTRL_ENTERED: CUDA Graph mode, the step of the last replay that started
+ *               (entered > consumed: a replay is running; close waits for it);
+ *   headers[s]  SlotHeader at CTRL_HEADERS, per ring slot s = seq % slots: {seq, num_tokens,
+ *               failed}, written before done.
+ * Device control block `dctrl`: dev_seq (u64 at DEV_SEQ, graph mode: the step the next replay
+ * consumes), claim (u32 at DEV_CLAIM, the error epoch last claimed), gates[s] (Gate at DEV_GATES).
+ * Rows of slot s at rows + s * slot_stride ([num_tokens][16][row_bytes]): the mapped pinned
+ * staging itself in device-wait modes (zero-copy, read with ld.global.cv: fetched from host
+ * memory on every read, never from a stale cached line), device memory after an H2D copy in host
+ * wait mode.
  * A step is consumed only when done >= seq AND headers[seq % slots].seq == seq: rows of an older
- * or newer step in the same slot are never read. When err.code != 0 no kernel writes output.
+ * or newer step in the same slot are never read. The error record is a report, never a gate:
+ * every launch waits and writes on its own terms whatever an earlier launch raised.
+ * Failure visibility: a launch that cannot dequantise its step (host failure, timeout, wrong
+ * slot, over capacity, closing) raises a device error AND fills the tokens it would have written
+ * with the canonical NaN of the output dtype (accumulate or not), so the engine never keeps the
+ * previous step's values unknowingly.
  */
 
 typedef unsigned long long u64;
@@ -60,22 +74,42 @@ typedef unsigned char u8;
 #define DT_F32 0
 #define DT_F16 1
 #define DT_BF16 2
-#define FLAG_ACCUMULATE 1u
 
-/* Device error codes (err.code); keep in sync with crates/ple-core/src/dequant/gpu.rs. */
+/* DequantParams.flags */
+#define FLAG_ACCUMULATE 1u /* add to the output (PLE_FUSE_ACCUMULATE) */
+#define FLAG_GATED 2u      /* read the verdict from gates[slot]; else the host verified the step */
+#define FLAG_GRAPH 4u      /* the step is *dev_seq (CUDA Graph mode); else `expected` */
+#define FLAG_ZERO_COPY 8u  /* rows are mapped host memory: load with ld.global.cv */
+#define FLAG_VEC 16u       /* out and out_stride allow 16-byte vector access */
+
+/* Byte offsets in the control blocks; keep in sync with crates/ple-core/src/dequant/gpu/layout.rs. */
+#define CTRL_DONE 0
+#define CTRL_CLOSING 64
+#define CTRL_ERR 128
+#define CTRL_EPOCH 192
+#define CTRL_CONSUMED 256
+#define CTRL_ENTERED 320
+#define CTRL_HEADERS 384
+#define DEV_SEQ 0
+#define DEV_CLAIM 128
+#define DEV_GATES 256
+
+/* Device error codes (err.code); keep in sync with crates/ple-core/src/dequant/gpu/layout.rs. */
 #define ERR_WAIT_TIMEOUT 1u  /* the spin wait ran past its timeout (detail: done seen last) */
 #define ERR_OVER_CAPACITY 2u /* the step has more tokens than the launch's capacity (detail: n) */
 #define ERR_SEQ_MISMATCH 3u  /* the slot holds another step (detail: the slot's seq) */
 #define ERR_TOKEN_COUNT 4u   /* the step's token count differs from the host's (detail: n) */
 #define ERR_CLOSED 5u        /* the handle is being closed */
+#define ERR_STEP_FAILED 6u   /* the step failed on the host (ple_wait reports why) */
+#define ERR_GATE_MISMATCH 7u /* the dequant launch found another step's gate (detail: its seq) */
 
 struct SlotHeader { /* host-mapped, one per slot, 16 bytes */
     u64 seq;
-    u32 num_tokens;
+    u32 num_tokens; /* also for a failed step: the tokens its launch fills with NaN */
     u32 failed;
 };
 
-struct DevError { /* host-mapped, 32 bytes; code written last */
+struct DevError { /* host-mapped, 32 bytes; code written last, by the launch that claimed it */
     u32 code;
     u32 slot;
     u64 seq;
@@ -85,61 +119,58 @@ struct DevError { /* host-mapped, 32 bytes; code written last */
 
 struct Gate { /* device memory, one per slot, 16 bytes */
     u64 seq;
-    u32 num_tokens;
+    u32 num_tokens; /* ok: tokens to dequantise; not ok: tokens to fill with NaN */
     u32 ok;
 };
 
-/* Kernel parameter blocks: passed by value; layouts mirrored by #[repr(C)] structs in crates/ple-core/src/dequant/gpu.rs. */
+/* Kernel parameter blocks, passed by value; mirrored by #[repr(C)] structs in layout.rs. */
 struct WaitParams {
-    u64 done;       /* const u64* host-mapped */
-    u64 err;        /* DevError* host-mapped */
-    u64 headers;    /* const SlotHeader* host-mapped, [slots] */
-    u64 gates;      /* Gate* device, [slots] */
-    u64 dev_seq;    /* const u64* device (graph mode) or 0 */
-    u64 expected;   /* the step to wait for when dev_seq == 0 */
+    u64 ctrl;       /* host-mapped control block (device address) */
+    u64 dctrl;      /* device control block */
+    u64 expected;   /* the step to wait for unless graph */
     u64 timeout_ns; /* %globaltimer budget */
     u32 slots;
-    u32 capacity;   /* largest num_tokens the following dequant launch can cover */
-    u32 expect_n;   /* the host's num_tokens for the step, or 0 (graph mode: unknown) */
-    u32 reserved;
+    u32 capacity;   /* tokens the following dequant launch may write */
+    u32 expect_n;   /* the host's num_tokens for the step, or 0 (graph mode: from the header) */
+    u32 graph;      /* 1: the step is *dev_seq */
 };
 
 struct DequantParams {
-    u64 rows;        /* device base of slot 0 */
+    u64 rows;        /* slot 0's rows (device rows, or the mapped staging) */
     u64 slot_stride; /* bytes between slots */
-    u64 err;         /* DevError* host-mapped */
-    u64 headers;     /* const SlotHeader* host-mapped */
-    u64 gates;       /* Gate* device: 0 = ungated (check the header here), else read gates[slot] */
-    u64 dev_seq;     /* const u64* device (graph mode) or 0 */
-    u64 expected;    /* step when dev_seq == 0 */
+    u64 ctrl;
+    u64 dctrl;
+    u64 expected;    /* the step unless FLAG_GRAPH */
     u64 out;         /* device output base */
     u64 out_stride;  /* elements between tokens, >= 2560 */
     u32 slots;
-    u32 capacity;
-    u32 expect_n;
+    u32 capacity;    /* tokens `out` holds */
+    u32 expect_n;    /* ungated: the verified token count */
     int fmt;
     int dtype;
     u32 flags;
     float scale; /* global scale (unused for bf16 rows) */
-    u32 vec_ok;  /* 1: out and out_stride allow 16-byte vector access */
+    u32 reserved;
 };
 
 struct AdvanceParams {
-    u64 dev_seq;  /* u64* device */
-    u64 consumed; /* u64* host-mapped: last step a replay consumed (or skipped) */
+    u64 ctrl;
+    u64 dctrl;
 };
 
 struct SetParams {
-    u64 dev_seq;
+    u64 ctrl;
+    u64 dctrl;
     u64 value;
 };
 
 static_assert(sizeof(SlotHeader) == 16, "SlotHeader layout");
 static_assert(sizeof(DevError) == 32, "DevError layout");
 static_assert(sizeof(Gate) == 16, "Gate layout");
-static_assert(sizeof(WaitParams) == 72, "WaitParams layout");
-static_assert(sizeof(DequantParams) == 104, "DequantParams layout");
+static_assert(sizeof(WaitParams) == 48, "WaitParams layout");
+static_assert(sizeof(DequantParams) == 88, "DequantParams layout");
 static_assert(sizeof(AdvanceParams) == 16, "AdvanceParams layout");
+static_assert(sizeof(SetParams) == 24, "SetParams layout");
 
 /* ------------------------------------------------------------------------------------------ */
 /* small helpers                                                                               */
@@ -161,14 +192,20 @@ static __device__ __forceinline__ void sleep_ns(u32 ns) {
     asm volatile("nanosleep.u32 %0;" ::"r"(ns));
 }
 
-static __device__ __forceinline__ u32 err_code(u64 err) {
-    return *(volatile u32 *)&((DevError *)err)->code;
+static __device__ __forceinline__ u32 closing(u64 ctrl) {
+    return *(volatile u32 *)(ctrl + CTRL_CLOSING);
 }
 
-/* Records the first device error (plain volatile stores: no atomics on host memory over PCIe). */
-static __device__ void raise_error(u64 err, u32 code, u32 slot, u64 seq, u64 detail) {
-    volatile DevError *e = (volatile DevError *)err;
-    if (e->code != 0) return;
+/*
+ * Records a device error unless one is already pending. The launch that moves dctrl.claim from
+ * the host's epoch to epoch + 1 (device-memory atomicCAS: no atomics on host memory over PCIe)
+ * owns the record and writes it, code last; every other launch of that epoch leaves it alone, so
+ * a record is never a mix of two errors. The host clears code, then bumps epoch.
+ */
+static __device__ void raise_error(u64 ctrl, u64 dctrl, u32 code, u32 slot, u64 seq, u64 detail) {
+    u32 epoch = *(volatile u32 *)(ctrl + CTRL_EPOCH);
+    if (atomicCAS((u32 *)(dctrl + DEV_CLAIM), epoch, epoch + 1u) != epoch) return;
+    volatile DevError *e = (volatile DevError *)(ctrl + CTRL_ERR);
     e->slot = slot;
     e->seq = seq;
     e->detail = detail;
@@ -177,30 +214,72 @@ static __device__ void raise_error(u64 err, u32 code, u32 slot, u64 seq, u64 det
     __threadfence_system();
 }
 
-/* Checks the slot header of step `expected`; returns 1 when its rows may be read. */
-static __device__ u32 check_step(u64 err, u64 headers, u64 expected, u32 slots, u32 capacity,
-                                 u32 expect_n, u32 *n_out) {
-    u32 slot = (u32)(expected % slots);
-    volatile SlotHeader *h = ((volatile SlotHeader *)headers) + slot;
+/*
+ * The verdict on step `expected` once done >= expected: 1 with *n = its token count when its rows
+ * may be read, else 0 with *n = the tokens to fill with NaN (an error is raised).
+ */
+static __device__ u32 check_step(const WaitParams &p, u64 expected, u32 *n) {
+    u32 slot = (u32)(expected % p.slots);
+    volatile SlotHeader *h = ((volatile SlotHeader *)(p.ctrl + CTRL_HEADERS)) + slot;
     u64 seq = h->seq;
-    u32 n = h->num_tokens;
+    u32 hn = h->num_tokens;
     u32 failed = h->failed;
-    *n_out = 0;
+    u32 fill = p.expect_n ? p.expect_n : p.capacity;
+    *n = fill;
+    if (closing(p.ctrl)) {
+        raise_error(p.ctrl, p.dctrl, ERR_CLOSED, slot, expected, 0);
+        return 0;
+    }
     if (seq != expected) {
-        raise_error(err, ERR_SEQ_MISMATCH, slot, expected, seq);
+        raise_error(p.ctrl, p.dctrl, ERR_SEQ_MISMATCH, slot, expected, seq);
         return 0;
     }
-    if (failed) return 0; /* the step failed on the host: write nothing, ple_wait reports it */
-    if (n > capacity) {
-        raise_error(err, ERR_OVER_CAPACITY, slot, expected, n);
+    if (failed) {
+        raise_error(p.ctrl, p.dctrl, ERR_STEP_FAILED, slot, expected, 0);
+        if (!p.expect_n) *n = hn < p.capacity ? hn : p.capacity;
         return 0;
     }
-    if (expect_n != 0 && n != expect_n) {
-        raise_error(err, ERR_TOKEN_COUNT, slot, expected, n);
+    if (hn > p.capacity) {
+        raise_error(p.ctrl, p.dctrl, ERR_OVER_CAPACITY, slot, expected, hn);
         return 0;
     }
-    *n_out = n;
+    if (p.expect_n != 0 && hn != p.expect_n) {
+        raise_error(p.ctrl, p.dctrl, ERR_TOKEN_COUNT, slot, expected, hn);
+        return 0;
+    }
+    *n = hn;
     return 1;
+}
+
+/* Row loads: plain from device memory, ld.global.cv from mapped host memory (zero-copy). */
+static __device__ __forceinline__ u32 ld_u8(const u8 *p, bool zc) {
+    if (!zc) return *p;
+    u32 v;
+    asm volatile("ld.global.cv.u8 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ u32 ld_u16(const u16 *p, bool zc) {
+    if (!zc) return *p;
+    u32 v;
+    asm volatile("ld.global.cv.u16 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ uint2 ld_v2(const u8 *p, bool zc) {
+    if (!zc) return *(const uint2 *)p;
+    uint2 v;
+    asm volatile("ld.global.cv.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ uint4 ld_v4(const u8 *p, bool zc) {
+    if (!zc) return *(const uint4 *)p;
+    uint4 v;
+    asm volatile("ld.global.cv.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
 }
 
 /* e4m3 "fn" -> fp32 (exact). */
@@ -265,12 +344,13 @@ template <int FMT> struct Fmt;
 
 template <> struct Fmt<FMT_NVFP4> {
     enum : u32 { TOKEN_BYTES = 1440 };
-    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float scale, float v[8]) {
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float scale, float v[8],
+                                                  bool zc) {
         u32 h = e0 / PLE_HEAD_DIM, j = e0 - h * PLE_HEAD_DIM;
         const u8 *row = tok + h * 90u;
         const u16 *c = (const u16 *)(row + (j >> 1)); /* 2-byte aligned: h*90 and j/2 are even */
-        u32 codes = (u32)c[0] | ((u32)c[1] << 16);
-        float bs = e4m3_to_f32(row[80u + (j >> 4)]);
+        u32 codes = ld_u16(c, zc) | (ld_u16(c + 1, zc) << 16);
+        float bs = e4m3_to_f32(ld_u8(row + 80u + (j >> 4), zc));
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             float p = __fmul_rn(e2m1_to_f32((codes >> (4 * k)) & 0xFu), bs);
@@ -281,9 +361,10 @@ template <> struct Fmt<FMT_NVFP4> {
 
 template <> struct Fmt<FMT_FP8> {
     enum : u32 { TOKEN_BYTES = 2560 };
-    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float scale, float v[8]) {
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float scale, float v[8],
+                                                  bool zc) {
         /* row h byte j == token byte e0 (row_bytes == head_dim); 8-byte aligned */
-        uint2 b = *(const uint2 *)(tok + e0);
+        uint2 b = ld_v2(tok + e0, zc);
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             v[k] = __fmul_rn(e4m3_to_f32((b.x >> (8 * k)) & 0xFFu), scale);
@@ -294,8 +375,9 @@ template <> struct Fmt<FMT_FP8> {
 
 template <> struct Fmt<FMT_BF16> {
     enum : u32 { TOKEN_BYTES = 5120 };
-    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float, float v[8]) {
-        uint4 b = *(const uint4 *)(tok + 2u * e0); /* 16-byte aligned */
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float, float v[8],
+                                                  bool zc) {
+        uint4 b = ld_v4(tok + 2u * e0, zc); /* 16-byte aligned */
         u32 w[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -394,7 +476,8 @@ template <int FMT, int DT>
 static __device__ void dequant_body(const DequantParams &p, u64 expected, u32 n) {
     const u8 *rows = (const u8 *)(p.rows + (expected % p.slots) * p.slot_stride);
     bool acc = (p.flags & FLAG_ACCUMULATE) != 0;
-    bool vec = p.vec_ok != 0;
+    bool vec = (p.flags & FLAG_VEC) != 0;
+    bool zc = (p.flags & FLAG_ZERO_COPY) != 0;
     u32 elem = DT == DT_F32 ? 4u : 2u;
     u64 total = (u64)n * ITEMS_PER_TOKEN;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -402,8 +485,24 @@ static __device__ void dequant_body(const DequantParams &p, u64 expected, u32 n)
         u32 tok = (u32)(i / ITEMS_PER_TOKEN);
         u32 e0 = (u32)(i - (u64)tok * ITEMS_PER_TOKEN) * 8u;
         float v[8];
-        Fmt<FMT>::decode(rows + (u64)tok * Fmt<FMT>::TOKEN_BYTES, e0, p.scale, v);
+        Fmt<FMT>::decode(rows + (u64)tok * Fmt<FMT>::TOKEN_BYTES, e0, p.scale, v, zc);
         Out<DT>::store(p.out + (u64)tok * p.out_stride * elem, e0, v, acc, vec);
+    }
+}
+
+/* Fills n tokens of the output with the canonical NaN (a step that could not be dequantised). */
+template <int DT> static __device__ void nan_fill(const DequantParams &p, u32 n) {
+    bool vec = (p.flags & FLAG_VEC) != 0;
+    u32 elem = DT == DT_F32 ? 4u : 2u;
+    u64 total = (u64)n * ITEMS_PER_TOKEN;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        u32 tok = (u32)(i / ITEMS_PER_TOKEN);
+        u32 e0 = (u32)(i - (u64)tok * ITEMS_PER_TOKEN) * 8u;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = __int_as_float(0x7FC00000);
+        Out<DT>::store(p.out + (u64)tok * p.out_stride * elem, e0, v, false, vec);
     }
 }
 
@@ -412,79 +511,102 @@ static __device__ void dequant_body(const DequantParams &p, u64 expected, u32 n)
 /* ------------------------------------------------------------------------------------------ */
 
 /*
- * ple_wait_gate<<<1, 1>>>: waits until done >= expected (expected = *dev_seq in graph mode), or
- * until err is set by someone else, or until timeout_ns of %globaltimer have passed (then raises
- * ERR_WAIT_TIMEOUT). Then checks the slot header and writes the verdict to gates[slot], which the
- * following ple_dequant (gated) reads from device memory.
+ * ple_wait_gate<<<1, 1>>>: waits until done >= expected (expected = *dev_seq in graph mode), the
+ * handle closes, or timeout_ns of %globaltimer pass (then raises ERR_WAIT_TIMEOUT); then checks
+ * the slot header once and writes the verdict to gates[slot] in device memory, which the
+ * following gated ple_dequant reads. After a stream memory wait it finds done >= expected at once.
  */
 extern "C" __global__ void ple_wait_gate(WaitParams p) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    u64 expected = p.dev_seq ? *(volatile u64 *)p.dev_seq : p.expected;
+    u64 expected = p.graph ? *(volatile u64 *)(p.dctrl + DEV_SEQ) : p.expected;
     u32 slot = (u32)(expected % p.slots);
-    u32 ok = 0, n = 0;
-    if (err_code(p.err) == 0) {
-        u64 t0 = global_timer_ns();
-        u32 nap = 32;
-        for (;;) {
-            u64 d = ld_acquire_sys(p.done);
-            if (d >= expected) {
-                ok = check_step(p.err, p.headers, expected, p.slots, p.capacity, p.expect_n, &n);
-                break;
-            }
-            if (err_code(p.err) != 0) break;
-            if (global_timer_ns() - t0 > p.timeout_ns) {
-                raise_error(p.err, ERR_WAIT_TIMEOUT, slot, expected, d);
-                break;
-            }
-            sleep_ns(nap);
-            if (nap < 1024) nap *= 2;
-        }
+    u32 ok = 0, n = p.expect_n ? p.expect_n : p.capacity;
+    if (p.graph) {
+        *(volatile u64 *)(p.ctrl + CTRL_ENTERED) = expected;
+        __threadfence_system();
     }
-    volatile Gate *g = ((volatile Gate *)p.gates) + slot;
+    u64 t0 = global_timer_ns();
+    u32 nap = 32;
+    for (;;) {
+        u64 d = ld_acquire_sys(p.ctrl + CTRL_DONE);
+        if (d >= expected) {
+            ok = check_step(p, expected, &n);
+            break;
+        }
+        if (closing(p.ctrl)) {
+            raise_error(p.ctrl, p.dctrl, ERR_CLOSED, slot, expected, d);
+            break;
+        }
+        if (global_timer_ns() - t0 > p.timeout_ns) {
+            raise_error(p.ctrl, p.dctrl, ERR_WAIT_TIMEOUT, slot, expected, d);
+            break;
+        }
+        sleep_ns(nap);
+        if (nap < 1024) nap *= 2;
+    }
+    volatile Gate *g = ((volatile Gate *)(p.dctrl + DEV_GATES)) + slot;
     g->seq = expected;
     g->num_tokens = n;
     g->ok = ok;
 }
 
+template <int DT> static __device__ void body_for(const DequantParams &p, u64 expected, u32 n) {
+    switch (p.fmt) {
+    case FMT_NVFP4: dequant_body<FMT_NVFP4, DT>(p, expected, n); break;
+    case FMT_FP8: dequant_body<FMT_FP8, DT>(p, expected, n); break;
+    case FMT_BF16: dequant_body<FMT_BF16, DT>(p, expected, n); break;
+    default: break; /* validated on the host */
+    }
+}
+
 /*
  * ple_dequant<<<grid, 256>>>: dequantises step `expected` (or *dev_seq) from its slot into out.
- * Ungated (gates == 0, used after a host wait or a stream memory wait): thread 0 of every block
- * reads err and the slot header itself. Gated: reads gates[slot] written by ple_wait_gate.
- * Any failed check: the kernel writes nothing. Grid-stride over n * 320 items of 8 elements.
+ * Ungated (after a host wait; the host checked the slot header): n = expect_n. Gated: thread 0 of
+ * every block reads the verdict of ple_wait_gate from gates[slot] (device memory); a gate of
+ * another step raises ERR_GATE_MISMATCH. Not ok: fills the tokens with NaN. Grid-stride over
+ * n * 320 items of 8 elements.
  */
 extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) ple_dequant(DequantParams p) {
     __shared__ u64 s_expected;
     __shared__ u32 s_n, s_ok;
     if (threadIdx.x == 0) {
-        u64 expected = p.dev_seq ? *(volatile u64 *)p.dev_seq : p.expected;
-        u32 ok = 0, n = 0;
-        if (p.gates) {
-            volatile Gate *g = ((volatile Gate *)p.gates) + (expected % p.slots);
-            if (g->seq == expected && g->ok) {
-                ok = 1;
+        u64 expected = (p.flags & FLAG_GRAPH) ? *(volatile u64 *)(p.dctrl + DEV_SEQ) : p.expected;
+        u32 ok = 1, n = p.expect_n;
+        if (p.flags & FLAG_GATED) {
+            volatile Gate *g = ((volatile Gate *)(p.dctrl + DEV_GATES)) + (expected % p.slots);
+            u64 gseq = g->seq;
+            if (gseq == expected) {
+                ok = g->ok;
                 n = g->num_tokens;
+            } else {
+                ok = 0;
+                n = p.expect_n ? p.expect_n : p.capacity;
+                if (blockIdx.x == 0)
+                    raise_error(p.ctrl, p.dctrl, ERR_GATE_MISMATCH, (u32)(expected % p.slots),
+                                expected, gseq);
             }
-        } else if (err_code(p.err) == 0) {
-            ok = check_step(p.err, p.headers, expected, p.slots, p.capacity, p.expect_n, &n);
         }
+        if (n > p.capacity) n = p.capacity; /* never write past what the host checked */
         s_expected = expected;
         s_n = n;
         s_ok = ok;
     }
     __syncthreads();
-    if (!s_ok) return;
     u64 expected = s_expected;
     u32 n = s_n;
-    switch (p.fmt * 4 + p.dtype) {
-    case FMT_NVFP4 * 4 + DT_F32: dequant_body<FMT_NVFP4, DT_F32>(p, expected, n); break;
-    case FMT_NVFP4 * 4 + DT_F16: dequant_body<FMT_NVFP4, DT_F16>(p, expected, n); break;
-    case FMT_NVFP4 * 4 + DT_BF16: dequant_body<FMT_NVFP4, DT_BF16>(p, expected, n); break;
-    case FMT_FP8 * 4 + DT_F32: dequant_body<FMT_FP8, DT_F32>(p, expected, n); break;
-    case FMT_FP8 * 4 + DT_F16: dequant_body<FMT_FP8, DT_F16>(p, expected, n); break;
-    case FMT_FP8 * 4 + DT_BF16: dequant_body<FMT_FP8, DT_BF16>(p, expected, n); break;
-    case FMT_BF16 * 4 + DT_F32: dequant_body<FMT_BF16, DT_F32>(p, expected, n); break;
-    case FMT_BF16 * 4 + DT_F16: dequant_body<FMT_BF16, DT_F16>(p, expected, n); break;
-    case FMT_BF16 * 4 + DT_BF16: dequant_body<FMT_BF16, DT_BF16>(p, expected, n); break;
+    if (!s_ok) {
+        switch (p.dtype) {
+        case DT_F32: nan_fill<DT_F32>(p, n); break;
+        case DT_F16: nan_fill<DT_F16>(p, n); break;
+        case DT_BF16: nan_fill<DT_BF16>(p, n); break;
+        default: break;
+        }
+        return;
+    }
+    switch (p.dtype) {
+    case DT_F32: body_for<DT_F32>(p, expected, n); break;
+    case DT_F16: body_for<DT_F16>(p, expected, n); break;
+    case DT_BF16: body_for<DT_BF16>(p, expected, n); break;
     default: break; /* validated on the host */
     }
 }
@@ -495,15 +617,20 @@ extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) ple_dequant(DequantP
  */
 extern "C" __global__ void ple_graph_advance(AdvanceParams p) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    volatile u64 *s = (volatile u64 *)p.dev_seq;
+    volatile u64 *s = (volatile u64 *)(p.dctrl + DEV_SEQ);
     u64 cur = *s;
-    *(volatile u64 *)p.consumed = cur;
+    *(volatile u64 *)(p.ctrl + CTRL_CONSUMED) = cur;
     __threadfence_system();
     *s = cur + 1;
 }
 
-/* ple_graph_set<<<1, 1>>>: *dev_seq = value (ple_graph_prepare), ordered on the engine's stream. */
+/*
+ * ple_graph_set<<<1, 1>>>: ple_graph_prepare, in the engine's stream order: *dev_seq = value and
+ * consumed = value - 1, after every earlier replay on the stream reported its step.
+ */
 extern "C" __global__ void ple_graph_set(SetParams p) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    *(volatile u64 *)p.dev_seq = p.value;
+    *(volatile u64 *)(p.dctrl + DEV_SEQ) = p.value;
+    *(volatile u64 *)(p.ctrl + CTRL_CONSUMED) = p.value - 1;
+    __threadfence_system();
 }

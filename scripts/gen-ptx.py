@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compiles kernels/ple_kernels.cu to PTX with NVRTC (ctypes on libnvrtc from PyPI's
-nvidia-cuda-nvrtc-cu12, pinned below) and writes it to kernels/ple_kernels.ptx, which crates/ple-core/src/dequant/gpu.rs
+nvidia-cuda-nvrtc-cu12, pinned below) and writes it to kernels/ple_kernels.ptx, which crates/ple-core/src/dequant/gpu/layout.rs
 embeds. The PTX targets compute_80, so the driver JIT-compiles it for sm_80 ... sm_121.
 
 Usage: scripts/gen-ptx.py [--out PATH] [--src PATH]
@@ -9,14 +9,14 @@ The NVRTC version is pinned so the output is deterministic (scripts/check-kernel
 and compares byte for byte). It also fixes the PTX ISA version in the file's `.version` line, and
 the driver must support that ISA: NVRTC 12.2 emits ISA 8.2, loadable by drivers of CUDA 12.2 or
 newer (Linux driver >= 535). Changing the pin changes that requirement: update docs and
-crates/ple-core/src/dequant/gpu.rs (PTX_ISA, MIN_DRIVER) together.
+crates/ple-core/src/dequant/gpu/layout.rs (PTX_ISA, MIN_DRIVER) together.
 """
 import argparse
 import ctypes
 import os
 import sys
 
-# Keep in sync with scripts/check-kernels.sh and crates/ple-core/src/dequant/gpu.rs.
+# Keep in sync with scripts/check-kernels.sh and crates/ple-core/src/dequant/gpu/layout.rs.
 NVRTC_WHEEL = "nvidia-cuda-nvrtc-cu12==12.2.140"
 NVRTC_VERSION = (12, 2)
 OPTIONS = [

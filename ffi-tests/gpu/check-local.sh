@@ -2,8 +2,11 @@
 # Checks the GPU programs on a machine WITHOUT a GPU (CI, developers): compiles every program
 # with -Wall -Wextra -Werror against include/ple.h and the CUDA headers of PyPI's
 # nvidia-cuda-runtime-cu12 (pinned), checks that every ple_* symbol they use is exported by the
-# built libple.so, and runs the CPU-only self-test of the table generator and the reference
-# dequantisation against ml_dtypes/numpy (independent oracles).
+# built libple.so, runs the CPU-only self-test of the table generator and the reference
+# dequantisation against ml_dtypes/numpy (independent oracles), stages cuda.h in
+# target/gpu-headers (what a device run carries: the device machine has no network), and runs
+# device-check.sh against a stand-in libcuda.so.1 that reports no device (its build half must
+# succeed and it must exit 0 saying that nothing ran).
 #
 #   ffi-tests/gpu/check-local.sh [LIBPLE_SO]     (default: $CARGO_TARGET_DIR or target, debug)
 set -euo pipefail
@@ -20,13 +23,17 @@ if ! grep -qx "$RUNTIME_WHEEL" <<<"$have" || ! grep -q "^ml.dtypes==" <<<"$have"
     "$py" -m pip install --quiet --disable-pip-version-check "$RUNTIME_WHEEL" "ml_dtypes==0.5.4" "numpy<3"
 fi
 cuda_inc=$("$py" -c 'import nvidia.cuda_runtime, os; print(os.path.join(list(nvidia.cuda_runtime.__path__)[0], "include"))')
+staged="${CARGO_TARGET_DIR:-$root/target}/gpu-headers"
+mkdir -p "$staged"
+cp "$cuda_inc/cuda.h" "$staged/cuda.h"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/include"
 cp "$root/include/ple.h" "$tmp/include/ple.h"
 flags=(-O2 -std=gnu11 -Wall -Wextra -Werror -Wno-format-truncation -ffp-contract=off -fno-fast-math)
-for p in gpu_test gpu_bench; do
+programs=(gpu_test gpu_robust gpu_bench)
+for p in "${programs[@]}"; do
     gcc "${flags[@]}" -I "$tmp/include" -I "$cuda_inc" -c "$here/$p.c" -o "$tmp/$p.o"
     missing=$(comm -23 <(nm -u "$tmp/$p.o" | awk '{print $2}' | grep '^ple_' | sort -u) \
         <(nm -D --defined-only "$so" | awk '{print $3}' | grep '^ple_' | sort -u))
@@ -39,4 +46,28 @@ done
 gcc "${flags[@]}" -I "$tmp/include" "$here/selftest.c" -o "$tmp/selftest" -lm
 "$tmp/selftest" "$tmp/tables" >"$tmp/dump.txt"
 "$py" "$here/check-reference.py" "$tmp/dump.txt"
+
+# device-check.sh against a libcuda.so.1 whose every entry point the programs use returns
+# CUDA_ERROR_NO_DEVICE (100): it must build everything and stop, saying no device is there.
+mkdir -p "$tmp/fakecuda"
+{
+    echo '/* stand-in driver: no device */'
+    nm -u "$tmp"/*.o | awk '{print $2}' | grep '^cu[A-Z]' | sort -u |
+        sed 's/.*/int &(void) { return 100; }/'
+    for f in cuInit cuDeviceGetCount cuDriverGetVersion; do echo "int $f(void) { return 100; }"; done
+} | sort -u >"$tmp/fakecuda/fake.c"
+gcc -shared -fPIC -Wl,-soname,libcuda.so.1 "$tmp/fakecuda/fake.c" -o "$tmp/fakecuda/libcuda.so.1"
+if ! msg=$(OUT="$tmp/dc-out" PLE_LIBCUDA="$tmp/fakecuda/libcuda.so.1" PLE_CUDA_INCLUDE="$staged" \
+    bash "$here/device-check.sh" "$so" 2>&1); then
+    echo "$msg"
+    cat "$tmp/dc-out/build.log" 2>/dev/null | tail -20
+    echo "check-local: FAIL: device-check.sh without a device did not exit 0" >&2
+    exit 1
+fi
+if ! grep -q "no usable CUDA device" <<<"$msg" || [[ $(ls "$tmp/dc-out" | wc -l) -gt 8 ]]; then
+    echo "$msg"
+    echo "check-local: FAIL: device-check.sh did not stop cleanly at 'no device' (or wrote > 8 files)" >&2
+    exit 1
+fi
+echo "check-local: device-check.sh builds every program and exits cleanly without a device"
 echo "check-local: OK"

@@ -1,14 +1,18 @@
 /*
- * GPU benchmark of libple through its C API (run by run.sh). Writes OUTDIR/gpu_bench.json:
- *  - dequant_kernel: ple_dequant kernel time at 8192 tokens per format and output dtype, its
- *    effective bandwidth (rows read + output written) and the ratio to a device-to-device copy
+ * GPU benchmark of libple through its C API (run by device-check.sh). Writes OUTDIR/gpu_bench.json:
+ *  - dequant_kernel: ple_dequant kernel time at 8192 tokens per format and output dtype, with the
+ *    rows in device memory (host-wait mode, after libple's H2D copy) and read zero-copy from the
+ *    mapped pinned staging (spin-kernel mode; the time includes the one-thread gate kernel); its
+ *    effective bandwidth (rows read + output written), the rows' read rate (rows_GBps: the
+ *    zero-copy PCIe rate in that mode) and the ratio to a device-to-device copy
  *    (cuMemcpyDtoDAsync of the output's bytes: it reads and writes them, 2x bytes moved). GPU time
  *    only: the stream is held by a host-function gate while the work is enqueued.
  *  - rows_to_device: the library's host->device copy per step (ple_stats.copy_ns) vs a pinned
  *    cuMemcpyHtoDAsync of the same bytes.
- *  - step_latency: submit -> dequant done on the stream (cuStreamSynchronize), decode (1 token)
- *    and prefill (2048 tokens), per wait mode and for a CUDA Graph replay; with the host time
- *    blocked inside ple_dequant_fuse (and so in the host wait) per step.
+ *  - step_latency: submit -> dequant done on the stream (cuStreamSynchronize), decode (1 token:
+ *    the kernel takes microseconds, so this is close to submit -> kernel start) and prefill (2048
+ *    tokens), per wait mode and for a CUDA Graph replay; with the host time blocked inside
+ *    ple_dequant_fuse (and so in the host wait) per step (the goal in device-wait modes: 0).
  * Usage: gpu_bench TABLE_ROOT OUTDIR
  */
 #include <cuda.h>
@@ -62,11 +66,12 @@ static void bench_kernel(const char *root) {
     CU(cuEventCreate(&e1, CU_EVENT_DEFAULT));
     fprintf(g_json, "  \"dequant_kernel\": [");
     int first = 1;
+    for (int zc = 0; zc < 2; zc++)
     for (int f = 0; f < 3; f++) {
         char dir[4200];
         snprintf(dir, sizeof dir, "%s/%s", root, fmts[f]);
         ple_handle *h = NULL;
-        if (open_gpu(dir, PLE_WAIT_HOST, 0, 2, &h) != PLE_OK) {
+        if (open_gpu(dir, zc ? PLE_WAIT_SPIN_KERNEL : PLE_WAIT_HOST, 0, 2, &h) != PLE_OK) {
             fprintf(stderr, "open %s: %s\n", dir, ple_last_error_message());
             continue;
         }
@@ -105,15 +110,20 @@ static void bench_kernel(const char *root) {
             double k = median(tk, reps), c = median(tc, reps);
             double kbytes = (double)n * token_bytes(f + 1) + (double)out_bytes;
             double kbw = kbytes / (k * 1e-3) / 1e9, cbw = 2.0 * out_bytes / (c * 1e-3) / 1e9;
+            double rbw = (double)n * token_bytes(f + 1) / (k * 1e-3) / 1e9;
             fprintf(g_json,
-                    "%s\n    {\"format\": \"%s\", \"dtype\": \"%s\", \"tokens\": %u, \"ok\": %s, "
-                    "\"kernel_ms\": %.4f, \"kernel_GBps\": %.1f, \"d2d_copy_ms\": %.4f, "
-                    "\"d2d_GBps\": %.1f, \"ratio_to_d2d\": %.3f}",
-                    first ? "" : ",", fmts[f], dtype_name(dtypes[d]), n, ok ? "true" : "false", k,
-                    kbw, c, cbw, kbw / cbw);
+                    "%s\n    {\"format\": \"%s\", \"dtype\": \"%s\", \"rows\": \"%s\", "
+                    "\"tokens\": %u, \"ok\": %s, \"kernel_ms\": %.4f, \"kernel_GBps\": %.1f, "
+                    "\"rows_GBps\": %.2f, \"d2d_copy_ms\": %.4f, \"d2d_GBps\": %.1f, "
+                    "\"ratio_to_d2d\": %.3f}",
+                    first ? "" : ",", fmts[f], dtype_name(dtypes[d]), zc ? "zero_copy" : "device", n,
+                    ok ? "true" : "false", k, kbw, rbw, c, cbw, kbw / cbw);
             first = 0;
-            fprintf(stderr, "kernel %s->%s %u tokens: %.4f ms, %.1f GB/s; D2D %.1f GB/s; ratio %.3f\n",
-                    fmts[f], dtype_name(dtypes[d]), n, k, kbw, cbw, kbw / cbw);
+            fprintf(stderr,
+                    "kernel %s->%s (%s rows) %u tokens: %.4f ms, %.1f GB/s, rows %.2f GB/s; D2D %.1f "
+                    "GB/s; ratio %.3f\n",
+                    fmts[f], dtype_name(dtypes[d]), zc ? "zero-copy" : "device", n, k, kbw, rbw, cbw,
+                    kbw / cbw);
             cuMemFree(out);
             cuMemFree(src);
         }

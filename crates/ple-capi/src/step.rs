@@ -81,7 +81,11 @@ pub unsafe extern "C" fn ple_submit(
 /// not; a poll is not counted in `ple_counters.timeouts`); `UINT64_MAX` waits forever; any other
 /// value waits at most that many microseconds. The handle's `wait_timeout_us` plays no part here.
 /// Returns `PLE_OK`, the step's own error if it failed, `PLE_E_TIMEOUT`, `PLE_E_STATE` for a seq
-/// never submitted or already consumed, or `PLE_E_STATE` when `ple_close` ends the wait.
+/// never submitted, or `PLE_E_STATE` when `ple_close` ends the wait. A step already consumed
+/// (`ple_dequant_*`) or released (`ple_release_step`) is still a submitted step: `PLE_OK` once it
+/// is complete, or its own error while its failure is recorded (a consuming call that reported
+/// the failure forgets it). So after `ple_dequant_fuse` in a device-wait mode, `ple_wait(seq)`
+/// tells the engine whether the step the kernel consumed succeeded.
 ///
 /// # Safety
 /// Safe for any argument values (the handle is looked up, never dereferenced).

@@ -8,12 +8,12 @@ use std::ffi::c_void;
 impl crate::step::pipeline::Pipeline {
     /// `ple_graph_prepare`: CUDA Graph mode from step `base_seq` on. From then on a Ready step
     /// `s >= base_seq` counts as consumed (its ring slot free) once a replay consumed it
-    /// (`GpuSide::consumed_seq() >= s`).
+    /// (`GpuSide::consumed_seq() >= s`). Ready steps replays consumed under an earlier base are
+    /// freed first; a refused prepare (capturing stream, a base already consumed) changes
+    /// nothing.
     pub fn graph_prepare(&self, stream: *mut c_void, base_seq: u64) -> Result<()> {
         let g = self.gpu()?;
-        g.graph_prepare(stream, base_seq)?;
-        self.set_graph_base(base_seq);
-        Ok(())
+        self.rebase_graph(base_seq, || g.graph_prepare(stream, base_seq))
     }
 
     /// `ple_dequant_fuse_graph`: enqueue wait + dequant + advance for graph capture.

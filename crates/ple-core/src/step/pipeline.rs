@@ -7,20 +7,24 @@
 //!   device kernels use); if that slot still holds an unconsumed step, `ring_full_policy` applies
 //!   even when other slots are free. The CPU-only ring keeps its policy (next free slot in ring
 //!   order), so sparse seqs still use every slot there.
-//! - the worker gathers into the GPU side's pinned staging (no CPU staging is allocated), then
-//!   `GpuSide::upload` (timed as `copy_ns`) before publishing `done`; a failed step is published
-//!   to the device with `GpuSide::publish_failed` so device waiters are released.
+//! - the worker first waits until no kernel still reads the slot (`GpuSide::begin_step`), then
+//!   gathers into the GPU side's pinned, device-mapped staging (no CPU staging is allocated),
+//!   then `GpuSide::upload` (timed as `copy_ns`: the H2D copy in host-wait mode, nothing but the
+//!   handshake in device-wait modes, where the kernel reads the staging) before publishing
+//!   `done`; a failed step is published to the device with `GpuSide::publish_failed` (never
+//!   blocks, called without the ring's lock) so device waiters are released.
 //! - `dequant_fuse` claims the step (Pending or Ready → Consuming), calls `GpuSide::fuse` (host
 //!   wait = `wait(seq, 0)`) and frees the slot on success; the GPU side keeps the kernel's event
-//!   so the slot's device rows are not overwritten before the kernel read them.
-//! - CUDA Graph mode (`graph_prepare`, `pipeline_gpu.rs`): a Ready step `s >= base` counts as
+//!   so the slot's rows (staging or device rows) are not overwritten before the kernel read them.
+//! - CUDA Graph mode (`graph_prepare`, `step/gpu.rs`): a Ready step `s >= base` counts as
 //!   consumed, its slot free, once `GpuSide::consumed_seq() >= s`; parked submitters poll for
-//!   that every `GRAPH_POLL`.
+//!   that every `GRAPH_POLL`. Re-preparing first frees the Ready steps replays consumed under the
+//!   previous base (`Pipeline::rebase_graph`).
 //! - host views (`packed_rows`, `dequant_cpu`, `release_step`) work as on the CPU, on the
 //!   pinned staging.
 //!
-//! None of the GPU mode has run on a GPU yet (the work was done without one): the `seq % slots`
-//! ring is tested on the CPU (forced), the rest only compiles and is reviewed.
+//! The host-side logic of GPU mode (the `seq % slots` ring, graph reclaim, lock scope, wait
+//! semantics) is tested on the CPU; the device side by `ffi-tests/gpu/device-check.sh`.
 
 use crate::dequant::cpu::{self as dequant, OutArgs};
 use crate::dequant::gpu::{GpuConfig, GpuSide};
@@ -79,6 +83,8 @@ const PARALLEL_HASH_MIN_TOKENS: usize = 1024;
 const PRETOUCH_MAX_BYTES: usize = 256 << 20;
 /// Failed steps remembered for their waiters (oldest forgotten first).
 const MAX_FAILED_RECORDS: usize = 64;
+/// Ranges of skipped (never submitted) seqs remembered, so `wait` tells them from consumed steps.
+const MAX_SKIPPED_RANGES: usize = 1024;
 /// With a GPU, how often a parked submitter re-checks for slots freed by CUDA Graph replays.
 const GRAPH_POLL: Duration = Duration::from_micros(200);
 
@@ -138,6 +144,8 @@ struct Ring {
     last_seq: u64,
     /// Slot the next step goes into.
     next_slot: usize,
+    /// The most recent ranges `[first, last]` of seqs skipped by sparse submits.
+    skipped: VecDeque<(u64, u64)>,
 }
 
 /// What is known about a seq.
@@ -149,6 +157,43 @@ enum StepStatus {
 }
 
 impl Ring {
+    /// Frees the slots of Ready steps a CUDA Graph replay consumed: graph mode since `base`
+    /// (0: not in graph mode), replays consumed every step up to `consumed`.
+    fn reclaim_graph_consumed(&mut self, base: u64, consumed: u64) {
+        if base == 0 {
+            return;
+        }
+        for st in self.slots.iter_mut() {
+            if let SlotState::Ready { seq, .. } = *st {
+                if seq >= base && seq <= consumed {
+                    *st = SlotState::Free;
+                }
+            }
+        }
+    }
+
+    /// Whether `seq` was submitted and has left the ring (consumed or released) with no failure
+    /// record left. (A seq skipped longer ago than the last `MAX_SKIPPED_RANGES` gaps counts as
+    /// submitted.)
+    fn left_ring(&self, seq: u64) -> bool {
+        seq != 0
+            && seq <= self.last_seq
+            && !self.skipped.iter().any(|&(a, b)| (a..=b).contains(&seq))
+            && !self.failed.iter().any(|(s, _)| *s == seq)
+            && !self.slots.iter().any(|st| st.seq() == Some(seq))
+    }
+
+    /// Records the seqs a submit of `seq` skips (between the last submitted seq and it).
+    fn note_submitted(&mut self, seq: u64) {
+        if seq > self.last_seq + 1 {
+            self.skipped.push_back((self.last_seq + 1, seq - 1));
+            if self.skipped.len() > MAX_SKIPPED_RANGES {
+                self.skipped.pop_front();
+            }
+        }
+        self.last_seq = seq;
+    }
+
     fn status(&self, seq: u64) -> Result<StepStatus> {
         if seq == 0 || seq > self.last_seq {
             return Err(Error::State(format!(
@@ -227,6 +272,12 @@ pub(crate) struct TestHooks {
     pub fail_seq: AtomicU64,
     pub panic_seq: AtomicU64,
     pub delay_us: AtomicU64,
+    /// Failed steps published to the device side (whether or not there is a GPU).
+    pub device_failures: AtomicU64,
+    /// Whether the ring's lock was free when the last failure was published to the device.
+    pub ring_free_at_device_publish: AtomicBool,
+    /// CPU handles: stands in for `GpuSide::consumed_seq` (0: no graph replay consumed any).
+    pub graph_consumed: AtomicU64,
 }
 
 struct Shared {
@@ -337,6 +388,9 @@ impl Shared {
     /// `done = seq` (Release), then waiters are woken. Returns the submit→done time.
     fn publish(&self, job: &Job, result: std::result::Result<(), Error>) -> u64 {
         let mut failure = None;
+        if result.is_err() {
+            self.publish_failed_to_device(job);
+        }
         let mut ring = lock(&self.ring);
         let step_ns = stats::ns(job.submitted.elapsed());
         match result {
@@ -352,12 +406,6 @@ impl Shared {
                 // logged once the ring's lock is released (below)
                 failure = Some((self.closing.load(Ordering::Relaxed), e.to_string()));
                 self.stats.failed_steps.fetch_add(1, Ordering::Relaxed);
-                if let Some(g) = &self.gpu {
-                    // release device waiters of this step (its kernel writes nothing)
-                    if let Err(ge) = g.publish_failed(job.slot, job.seq) {
-                        log::warn!("step {}: publishing the failure to the GPU: {ge}", job.seq);
-                    }
-                }
                 if ring.slots[job.slot].seq() == Some(job.seq) {
                     ring.slots[job.slot] = SlotState::Free;
                 }
@@ -377,6 +425,24 @@ impl Shared {
             None => {}
         }
         step_ns
+    }
+
+    /// Releases the device waiters of a failed step (its launch raises a device error and fills
+    /// its output with NaN). Called without the ring's lock: nothing here may block API calls.
+    fn publish_failed_to_device(&self, job: &Job) {
+        #[cfg(test)]
+        {
+            let free = self.ring.try_lock().is_ok();
+            self.hooks
+                .ring_free_at_device_publish
+                .store(free, Ordering::SeqCst);
+            self.hooks.device_failures.fetch_add(1, Ordering::SeqCst);
+        }
+        if let Some(g) = &self.gpu {
+            if let Err(ge) = g.publish_failed(job.slot, job.seq, job.tokens.len() as u32) {
+                log::warn!("step {}: publishing the failure to the GPU: {ge}", job.seq);
+            }
+        }
     }
 
     /// Frees a consumed slot.
@@ -416,26 +482,26 @@ impl Shared {
         ring.status(seq)
     }
 
+    /// The last step a CUDA Graph replay consumed (GPU handles; tests stand it in on the CPU).
+    fn graph_consumed_seq(&self) -> Option<u64> {
+        #[cfg(test)]
+        if self.gpu.is_none() {
+            return Some(self.hooks.graph_consumed.load(Ordering::SeqCst));
+        }
+        self.gpu.as_ref().map(|g| g.consumed_seq())
+    }
+
     /// Whether Ready step `seq` was consumed by a CUDA Graph replay (graph mode only).
     fn graph_consumed(&self, seq: u64) -> bool {
         let base = self.graph_base.load(Ordering::Acquire);
-        match &self.gpu {
-            Some(g) => base != 0 && seq >= base && g.consumed_seq() >= seq,
-            None => false,
-        }
+        self.graph_consumed_seq()
+            .is_some_and(|c| base != 0 && seq >= base && c >= seq)
     }
 
     /// Frees the slots of Ready steps a CUDA Graph replay consumed.
     fn reclaim_graph_consumed(&self, ring: &mut Ring) {
-        if self.gpu.is_none() {
-            return;
-        }
-        for st in ring.slots.iter_mut() {
-            if let SlotState::Ready { seq, .. } = *st {
-                if self.graph_consumed(seq) {
-                    *st = SlotState::Free;
-                }
-            }
+        if let Some(c) = self.graph_consumed_seq() {
+            ring.reclaim_graph_consumed(self.graph_base.load(Ordering::Acquire), c);
         }
     }
 
@@ -476,6 +542,10 @@ impl Shared {
             if self.hooks.panic_seq.load(Ordering::Relaxed) == job.seq {
                 panic!("injected panic in step {}", job.seq);
             }
+        }
+        if let Some(g) = &self.gpu {
+            // no kernel may still read the slot's rows when the gather overwrites them
+            g.begin_step(job.slot, job.seq)?;
         }
         let n = job.tokens.len();
         let heads = self.table.meta().num_heads as usize;
@@ -606,8 +676,8 @@ impl Shared {
             }
             rec.gather_ns = stats::ns(t2.elapsed());
         }
-        // CUDA handles: host → device copy of the rows; it completes (and the GPU side publishes
-        // the step to the device) before the pipeline publishes it. On error the step fails and
+        // CUDA handles: the GPU side publishes the step to the device (host-wait mode: after its
+        // host → device copy) before the pipeline publishes it. On error the step fails and
         // `publish` publishes it to the device as failed.
         if let Some(g) = &self.gpu {
             self.check_closing()?;
@@ -835,6 +905,7 @@ impl Pipeline {
                 failed: VecDeque::new(),
                 last_seq: 0,
                 next_slot: 0,
+                skipped: VecDeque::new(),
             }),
             cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
@@ -909,9 +980,23 @@ impl Pipeline {
         })
     }
 
-    /// Enters CUDA Graph mode from step `base_seq` on (see `GpuSide::graph_prepare`).
-    pub(crate) fn set_graph_base(&self, base_seq: u64) {
-        self.sh.graph_base.store(base_seq, Ordering::Release);
+    /// Enters CUDA Graph mode from step `base_seq` on: under the ring's lock, frees the Ready
+    /// steps replays consumed under the previous base (else they would hold their slots forever:
+    /// the new base no longer counts them), runs `prepare` (the GPU side's re-base, which may
+    /// refuse), and only then records the base.
+    pub(crate) fn rebase_graph(
+        &self,
+        base_seq: u64,
+        prepare: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let sh = &*self.sh;
+        let mut ring = lock(&sh.ring);
+        sh.reclaim_graph_consumed(&mut ring);
+        prepare()?;
+        sh.graph_base.store(base_seq, Ordering::Release);
+        drop(ring);
+        sh.notify();
+        Ok(())
     }
 
     /// Cumulative counters without the on-demand fields (no mincore: cheap). Includes every step
@@ -1036,7 +1121,7 @@ impl Pipeline {
             seq,
             tokens: b.tokens.len() as u32,
         };
-        ring.last_seq = seq;
+        ring.note_submitted(seq);
         sub.last_seq = seq;
         ring.next_slot = (slot + 1) % ring.slots.len();
         drop(ring);
@@ -1080,13 +1165,14 @@ impl Pipeline {
     /// `Error::Timeout` past the timeout, `Error::State` for a seq never submitted or consumed.
     pub fn wait(&self, seq: u64, timeout_us: u64) -> Result<()> {
         let sh = &*self.sh;
-        let rows = match sh.status(&mut lock(&sh.ring), seq)? {
-            StepStatus::Failed(e) => return Err(e),
-            StepStatus::Ready { .. } => return Ok(()),
+        let rows = match self.status_for_wait(seq)? {
+            None => usize::MAX, // consumed or released: wait until it is complete
+            Some(StepStatus::Failed(e)) => return Err(e),
+            Some(StepStatus::Ready { .. }) => return Ok(()),
             // (GPU mode: a dequant_fuse may claim a step before it is complete)
-            StepStatus::Consuming if sh.done.load(Ordering::Acquire) >= seq => return Ok(()),
-            StepStatus::Consuming => usize::MAX,
-            StepStatus::Pending { rows } => rows as usize,
+            Some(StepStatus::Consuming) if sh.done.load(Ordering::Acquire) >= seq => return Ok(()),
+            Some(StepStatus::Consuming) => usize::MAX,
+            Some(StepStatus::Pending { rows }) => rows as usize,
         };
         // Spin only for steps the worker gathers alone (small ones, done in microseconds): a
         // spinning waiter would take a CPU from the pool gathering a big step.
@@ -1137,25 +1223,36 @@ impl Pipeline {
         if seq > sh.last_failed.load(Ordering::Acquire) {
             return Ok(());
         }
-        match sh.status(&mut lock(&sh.ring), seq)? {
-            StepStatus::Failed(e) => Err(e),
+        match self.status_for_wait(seq)? {
+            Some(StepStatus::Failed(e)) => Err(e),
             _ => Ok(()),
         }
     }
 
-    /// Whether step `seq` is complete, without waiting (`ple_wait(.., 0)`): `Ok` if it succeeded,
-    /// its own error if it failed, `Error::Timeout` while it is not complete, `Error::State` for
-    /// a seq never submitted or already consumed. A poll is not counted in `timeouts`.
+    /// Whether step `seq` is complete, without waiting (`ple_wait(.., 0)`): `Ok` if it succeeded
+    /// (also once consumed or released), its own error while its failure is recorded,
+    /// `Error::Timeout` while it is not complete, `Error::State` for a seq never submitted. A poll
+    /// is not counted in `timeouts`.
     pub fn poll(&self, seq: u64) -> Result<()> {
         let sh = &*self.sh;
-        match sh.status(&mut lock(&sh.ring), seq)? {
-            StepStatus::Failed(e) => Err(e),
-            StepStatus::Ready { .. } => Ok(()),
+        match self.status_for_wait(seq)? {
+            Some(StepStatus::Failed(e)) => Err(e),
+            None | Some(StepStatus::Ready { .. }) => Ok(()),
             _ if sh.done.load(Ordering::Acquire) >= seq => Ok(()),
             _ => Err(Error::Timeout(format!(
                 "step {seq} is not complete (polled; done = {})",
                 sh.done.load(Ordering::Acquire)
             ))),
+        }
+    }
+
+    /// What `wait` needs to know of `seq`: None for a step that was submitted and has left the
+    /// ring (consumed or released; still its error if a failure record is left), else its status.
+    fn status_for_wait(&self, seq: u64) -> Result<Option<StepStatus>> {
+        let mut ring = lock(&self.sh.ring);
+        match self.sh.status(&mut ring, seq) {
+            Err(_) if ring.left_ring(seq) => Ok(None),
+            r => r.map(Some),
         }
     }
 
@@ -1273,10 +1370,10 @@ impl Pipeline {
     /// GPU dequant (see `ple_dequant_fuse`): enqueues step `seq`'s wait and dequantisation on the
     /// engine's `stream` (`GpuSide::fuse`, `out` a device pointer) and marks the step consumed
     /// once enqueued; the GPU side keeps the kernel's event, so the worker does not overwrite the
-    /// slot's device rows before the kernel has read them. `Error::State` for a step not
-    /// submitted, already consumed or being consumed; a failed step returns its error (and is
-    /// released, as with `dequant_cpu`). With `PLE_WAIT_HOST` the call first waits for the step
-    /// on the host (`wait(seq, 0)`); with device waits it returns without waiting.
+    /// slot's rows (staging or device rows) before the kernel has read them. `Error::State` for a
+    /// step not submitted, already consumed or being consumed; a failed step returns its error
+    /// (and is released, as with `dequant_cpu`). With `PLE_WAIT_HOST` the call first waits for
+    /// the step on the host (`wait(seq, 0)`); with device waits it returns without waiting.
     pub fn dequant_fuse(
         &self,
         stream: *mut c_void,
@@ -1415,6 +1512,9 @@ impl Pipeline {
     /// reference is dropped.
     pub fn shutdown(&self) {
         self.sh.closing.store(true, Ordering::SeqCst);
+        if let Some(g) = &self.sh.gpu {
+            g.begin_close(); // device waits and the worker's slot waits stop now
+        }
         let _ring = lock(&self.sh.ring);
         self.sh.cv.notify_all();
     }
@@ -1425,6 +1525,9 @@ impl Drop for Pipeline {
     /// drops the pool and joins its threads: nothing of the handle outlives the call.
     fn drop(&mut self) {
         self.sh.closing.store(true, Ordering::SeqCst);
+        if let Some(g) = &self.sh.gpu {
+            g.begin_close();
+        }
         lock(&self.submit_state).tx = None;
         if let Some(w) = self.worker.take() {
             let _ = w.join();
@@ -1442,3 +1545,7 @@ impl Drop for Pipeline {
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "gpu_tests.rs"]
+mod gpu_tests;

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The GPU checks of libple in one run, for a machine with an NVIDIA GPU and its driver but no
+# Rust, no CMake and no network:
+#
+#   OUT=<dir> bash ffi-tests/gpu/device-check.sh [LIBPLE_SO]     (default target/release/libple.so)
+#
+# Builds the C programs of this directory with gcc against include/ple.h, the driver's cuda.h
+# (the first found of: $PLE_CUDA_INCLUDE, $CUDA_HOME/include, /usr/local/cuda*/include,
+# /usr/include, target/gpu-headers (staged by check-local.sh from PyPI's
+# nvidia-cuda-runtime-cu12), a Python nvidia-cuda-runtime package) and the driver's libcuda.so.1
+# by path ($PLE_LIBCUDA overrides the search); runs every GPU test and benchmark under `timeout`
+# (at most 6 minutes in all); writes at
+# most 8 files to $OUT (default target/gpu-out): env.txt, build.log, and gpu_test / gpu_robust /
+# gpu_bench .log and .json. Exit status 0 iff every check passed; without a GPU (no libcuda.so.1,
+# or no device) it says so and exits 0 having run nothing.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+so=$(realpath "${1:-$root/target/release/libple.so}" 2>/dev/null) || so=""
+out=${OUT:-$root/target/gpu-out}
+mkdir -p "$out" && out=$(realpath "$out") || exit 2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+say() { echo "device-check: $*"; }
+
+find_libcuda() {
+    local p
+    if [[ -n "${PLE_LIBCUDA:-}" ]]; then echo "$PLE_LIBCUDA"; return; fi
+    p=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')
+    if [[ -n "$p" && -e "$p" ]]; then echo "$p"; return; fi
+    for d in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib \
+        /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/wsl/lib; do
+        if [[ -e "$d/libcuda.so.1" ]]; then echo "$d/libcuda.so.1"; return; fi
+    done
+}
+
+find_cuda_h() {
+    local c
+    for c in "${PLE_CUDA_INCLUDE:-}" "${CUDA_HOME:+$CUDA_HOME/include}" /usr/local/cuda/include \
+        /usr/local/cuda-*/include /usr/include "$root/target/gpu-headers"; do
+        if [[ -n "$c" && -f "$c/cuda.h" ]]; then echo "$c"; return; fi
+    done
+    for py in python3 "$root"/target/kernel-tools/bin/python; do
+        c=$("$py" -c 'import nvidia.cuda_runtime as m, os; print(os.path.join(list(m.__path__)[0], "include"))' 2>/dev/null) || continue
+        if [[ -f "$c/cuda.h" ]]; then echo "$c"; return; fi
+    done
+}
+
+libcuda=$(find_libcuda)
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "host: $(uname -a)"
+    echo "libple: ${so:-missing}"
+    echo "libcuda.so.1: ${libcuda:-none}"
+    echo "gcc: $(gcc --version 2>/dev/null | head -1)"
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1
+    env | grep -E '^(CUDA_|NVIDIA_|LD_LIBRARY_PATH)' | sort
+} >"$out/env.txt" 2>&1
+if [[ -z "$libcuda" ]]; then
+    say "no CUDA driver (libcuda.so.1) on this machine: no GPU check can run; nothing done" | tee -a "$out/env.txt"
+    exit 0
+fi
+if [[ -z "$so" || ! -f "$so" ]]; then
+    say "no libple.so at ${1:-target/release/libple.so}: build it first (cargo build --release)" | tee -a "$out/env.txt"
+    exit 2
+fi
+cuda_inc=$(find_cuda_h)
+if [[ -z "$cuda_inc" ]]; then
+    say "no cuda.h found (set PLE_CUDA_INCLUDE, or carry target/gpu-headers)" | tee -a "$out/env.txt"
+    exit 2
+fi
+echo "cuda.h: $cuda_inc/cuda.h" >>"$out/env.txt"
+
+# libple under its SONAME, next to the programs
+mkdir -p "$work/lib" "$work/bin"
+cp "$so" "$work/lib/libple.so"
+soname=$(objdump -p "$so" 2>/dev/null | awk '/SONAME/{print $2}')
+[[ -n "$soname" && "$soname" != libple.so ]] && ln -sf libple.so "$work/lib/$soname"
+export LD_LIBRARY_PATH="$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+cc=${CC:-}
+for c in gcc cc clang; do [[ -z "$cc" ]] && command -v "$c" >/dev/null && cc=$c; done
+if [[ -z "$cc" ]]; then
+    say "no C compiler (gcc, cc, clang) on this machine" | tee -a "$out/env.txt"
+    exit 2
+fi
+echo "compiler: $cc" >>"$out/env.txt"
+flags=(-O2 -std=gnu11 -Wall -Wextra -Wno-format-truncation -ffp-contract=off -fno-fast-math
+    -I "$root/include" -I "$cuda_inc")
+build_ok=1
+{
+    echo "== probe"
+    cat >"$work/probe.c" <<'C'
+#include <cuda.h>
+#include <stdio.h>
+int main(void) {
+    int n = 0, drv = 0;
+    CUresult r = cuInit(0);
+    if (r == CUDA_SUCCESS) r = cuDeviceGetCount(&n);
+    cuDriverGetVersion(&drv);
+    printf("cuInit/cuDeviceGetCount: %d, devices %d, driver API %d\n", (int)r, n, drv);
+    return r == CUDA_SUCCESS && n > 0 ? 0 : 3;
+}
+C
+    "$cc" "${flags[@]}" "$work/probe.c" -o "$work/bin/probe" "$libcuda" || build_ok=0
+    for p in gpu_test gpu_robust gpu_bench; do
+        echo "== $p"
+        "$cc" "${flags[@]}" "$here/$p.c" -o "$work/bin/$p" "$work/lib/libple.so" "$libcuda" -lpthread -lm ||
+            build_ok=0
+    done
+    echo "== selftest (CPU-only reference)"
+    "$cc" "${flags[@]}" "$here/selftest.c" -o "$work/bin/selftest" -lm || build_ok=0
+} >"$out/build.log" 2>&1
+if [[ $build_ok -ne 1 ]]; then
+    tail -30 "$out/build.log"
+    say "build failed (see $out/build.log)"
+    exit 1
+fi
+if ! "$work/bin/probe" >>"$out/env.txt" 2>&1; then
+    tail -1 "$out/env.txt"
+    say "the driver reports no usable CUDA device: no GPU check can run; nothing done"
+    exit 0
+fi
+tail -1 "$out/env.txt"
+
+rc=0
+run() { # name limit_s program args...
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
+    local s=$?
+    [[ $s -eq 124 || $s -eq 137 ]] && echo "device-check: $name ran past ${limit}s (a hang)" >>"$out/$name.log"
+    say "$name: exit $s after $((SECONDS - t0)) s ($(tail -1 "$out/$name.log"))"
+    [[ $s -ne 0 ]] && rc=1
+}
+if ! timeout 30 "$work/bin/selftest" "$work/tables-selftest" >"$work/dump.txt" 2>>"$out/build.log"; then
+    say "selftest failed (see build.log)"
+    rc=1
+fi
+run gpu_test 120 "$work/bin/gpu_test" "$work/tables-test" "$out"
+run gpu_robust 90 "$work/bin/gpu_robust" "$work/tables-robust" "$out"
+run gpu_bench 120 "$work/bin/gpu_bench" "$work/tables-bench" "$out"
+say "results in $out ($(ls "$out" | tr '\n' ' ')); exit $rc"
+exit $rc
