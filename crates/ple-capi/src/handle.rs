@@ -67,10 +67,11 @@ pub unsafe extern "C" fn ple_open(
         let mut c = crate::types::options_to_c(&ple_core::step::OpenOptions::default());
         if !options.is_null() {
             unsafe {
+                // (callers compiled before `cache_bytes` was appended pass the older, shorter size)
                 read_versioned(
                     options,
                     &mut c,
-                    std::mem::size_of::<ple_options>(),
+                    std::mem::offset_of!(ple_options, cache_bytes),
                     "options",
                 )?
             };
