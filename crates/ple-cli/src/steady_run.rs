@@ -132,28 +132,11 @@ fn find<'a>(r: &'a [Replay], memory: u64, name: &str) -> Option<&'a Replay> {
     r.iter().find(|x| x.memory == memory && x.name == name)
 }
 
-/// Counters delta of the fields the report uses.
-fn delta(a: &Counters, b: &Counters) -> (u64, u64, u64, u64) {
-    (
-        b.cache_hits - a.cache_hits,
-        b.cache_misses - a.cache_misses,
-        b.storage_read_bytes - a.storage_read_bytes,
-        b.major_faults - a.major_faults,
-    )
-}
-
-pub fn run(a: &BenchArgs) -> Result<()> {
+/// What the run is: table, cache, workload.
+fn print_intro(a: &BenchArgs, p: &Pipeline) {
     let s = &a.steady;
-    let opts = OpenOptions {
-        num_threads: a.threads,
-        cache_bytes: s.cache_bytes,
-        max_tokens_per_step: (s.requests + s.prefill_chunk).max(64) as u32,
-        ..OpenOptions::default()
-    };
-    let p = Pipeline::open(&a.table_dir, opts.clone())?;
-    let meta = p.table().meta().clone();
-    let rb = meta.row_bytes as usize;
-    let mut wl = Workload::new(s, meta.hash.vocab_size, meta.hash.eos_token_id)?;
+    let meta = p.table().meta();
+    let rb = meta.row_bytes;
     println!(
         "ple bench --steady: {} ({} rows × {rb} B, {:.2} GiB), {} pool threads",
         a.table_dir.display(),
@@ -185,6 +168,50 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 .to_string()),
         s.sector
     );
+}
+
+/// The figures of the steps between counters `c.0` and `c.1` (latencies `lat`; `n`: the last
+/// step, tokens, direct-read bytes); `lru` gives a reference's tally by name.
+fn figures(
+    p: &Pipeline,
+    c: (&Counters, &Counters),
+    lat: &mut [u64],
+    n: (u64, u64, u64),
+    res0: i64,
+    lru: impl Fn(&str) -> Option<Tally>,
+) -> Figures {
+    let (a, b) = c;
+    Figures {
+        step: n.0,
+        steps: lat.len() as u64,
+        tokens: n.1,
+        hits: b.cache_hits - a.cache_hits,
+        misses: b.cache_misses - a.cache_misses,
+        storage_bytes: b.storage_read_bytes - a.storage_read_bytes,
+        major_faults: b.major_faults - a.major_faults,
+        direct_bytes: n.2,
+        p50_us: pct(lat, 50.0),
+        p99_us: pct(lat, 99.0),
+        rss: rss_bytes(),
+        page_cache_growth: (p.stats().resident_pages as i64 - res0) * 4096,
+        lru_rows: lru("LRU rows"),
+        lru_pages: lru("LRU pages"),
+    }
+}
+
+pub fn run(a: &BenchArgs) -> Result<()> {
+    let s = &a.steady;
+    let opts = OpenOptions {
+        num_threads: a.threads,
+        cache_bytes: s.cache_bytes,
+        max_tokens_per_step: (s.requests + s.prefill_chunk).max(64) as u32,
+        ..OpenOptions::default()
+    };
+    let p = Pipeline::open(&a.table_dir, opts.clone())?;
+    let meta = p.table().meta().clone();
+    let rb = meta.row_bytes as usize;
+    let mut wl = Workload::new(s, meta.hash.vocab_size, meta.hash.eos_token_id)?;
+    print_intro(a, &p);
     if s.sector == 0 || !s.sector.is_power_of_two() {
         return ple_core::invalid!("--sector {} is not a power of two", s.sector);
     }
@@ -225,24 +252,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 .is_some_and(|t| t_start.elapsed().as_secs_f64() >= t);
         if steps % s.interval.max(1) == 0 || stop {
             let c1 = p.counters();
-            let (hits, misses, sb, mf) = delta(&c0, &c1);
-            direct += (misses as f64 * span).round() as u64;
-            let f = Figures {
-                step: steps,
-                steps: lat.len() as u64,
-                tokens,
-                hits,
-                misses,
-                storage_bytes: sb,
-                major_faults: mf,
-                direct_bytes: direct,
-                p50_us: pct(&mut lat, 50.0),
-                p99_us: pct(&mut lat, 99.0),
-                rss: rss_bytes(),
-                page_cache_growth: (p.stats().resident_pages as i64 - res0) * 4096,
-                lru_rows: find(&reps, s.cache_bytes, "LRU rows").map(|r| r.interval),
-                lru_pages: find(&reps, s.cache_bytes, "LRU pages").map(|r| r.interval),
-            };
+            direct += ((c1.cache_misses - c0.cache_misses) as f64 * span).round() as u64;
+            let lru = |n: &str| find(&reps, s.cache_bytes, n).map(|r| r.interval);
+            let f = figures(&p, (&c0, &c1), &mut lat, (steps, tokens, direct), res0, lru);
             f.print(&steps.to_string());
             points.push(Point {
                 step: steps,
@@ -265,24 +277,16 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             break;
         }
     }
-    let c_end = p.counters();
-    let (hits, misses, sb, mf) = delta(&c_start, &c_end);
-    let overall = Figures {
-        step: steps,
-        steps,
-        tokens: tokens_all,
-        hits,
-        misses,
-        storage_bytes: sb,
-        major_faults: mf,
-        direct_bytes: direct_all,
-        p50_us: pct(&mut lat_all, 50.0),
-        p99_us: pct(&mut lat_all, 99.0),
-        rss: rss_bytes(),
-        page_cache_growth: (p.stats().resident_pages as i64 - res0) * 4096,
-        lru_rows: find(&reps, s.cache_bytes, "LRU rows").map(|r| r.total),
-        lru_pages: find(&reps, s.cache_bytes, "LRU pages").map(|r| r.total),
-    };
+    let lru = |n: &str| find(&reps, s.cache_bytes, n).map(|r| r.total);
+    let ends = (&c_start, &p.counters());
+    let overall = figures(
+        &p,
+        ends,
+        &mut lat_all,
+        (steps, tokens_all, direct_all),
+        res0,
+        lru,
+    );
     overall.print("overall");
     println!(
         "{} steps, {} tokens, {} documents started, {:.1} s",
@@ -293,24 +297,33 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     );
     let policies = print_policies(&reps, tokens_all);
     let hit_path = hit_path(&p, &wl, a, &opts)?;
+    let results = json!({
+        "table_dir": a.table_dir, "cache_bytes": s.cache_bytes, "requests": s.requests,
+        "intervals": rows_json, "overall": overall.json(), "policies": policies,
+        "hit_path": hit_path,
+    });
+    write_outputs(a, &points, &results)
+}
+
+/// The plot (`--svg`) and the results as JSON (`--json`).
+fn write_outputs(a: &BenchArgs, points: &[Point], results: &Value) -> Result<()> {
+    let s = &a.steady;
     if let Some(path) = &s.svg {
         let title = format!(
             "ple bench --steady: {} requests, cache {:.0} MiB",
             s.requests,
             s.cache_bytes as f64 / MIB
         );
-        std::fs::write(path, reference::svg(&points, &title))
+        std::fs::write(path, reference::svg(points, &title))
             .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
         println!("plot: {}", path.display());
     }
     if let Some(path) = &a.json {
-        let v = json!({
-            "table_dir": a.table_dir, "cache_bytes": s.cache_bytes, "requests": s.requests,
-            "intervals": rows_json, "overall": overall.json(), "policies": policies,
-            "hit_path": hit_path,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&v).expect("serialises"))
-            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(results).expect("serialises"),
+        )
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
     }
     Ok(())
 }
