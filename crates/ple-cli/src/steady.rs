@@ -66,6 +66,11 @@ pub struct SteadyArgs {
     /// Skip the replayed references (the run's own figures only).
     #[arg(long)]
     pub no_reference: bool,
+    /// Only replay the row-id sequence through the references and policies (no steps run, no
+    /// rows read): sizes caches over long sequences quickly. The hit% column is then the
+    /// default policy's replay at --cache-bytes.
+    #[arg(long)]
+    pub replay_only: bool,
 }
 
 /// Parses `123`, `64K`, `256M`, `1G`, `1T` (powers of 1024).

@@ -7,6 +7,7 @@ use ple_core::error::{Error, Result};
 use ple_core::io::cache::Policy;
 use ple_core::stats::{self, Counters};
 use ple_core::step::{OpenOptions, Pipeline};
+use rayon::prelude::*;
 use serde_json::{Value, json};
 use std::time::Instant;
 
@@ -132,6 +133,17 @@ fn find<'a>(r: &'a [Replay], memory: u64, name: &str) -> Option<&'a Replay> {
     r.iter().find(|x| x.memory == memory && x.name == name)
 }
 
+/// `--replay-only`: the default policy's replay at the run's size stands in for the handle's
+/// cache (its interval's or, with `total`, the whole run's tally).
+fn replayed_as_handle(f: &mut Figures, reps: &[Replay], memory: u64, total: bool) {
+    if let Some(r) = find(reps, memory, Policy::default().name()) {
+        let t = if total { r.total } else { r.interval };
+        f.hits = t.hits;
+        f.misses = t.lookups - t.hits;
+        f.direct_bytes = t.storage_bytes;
+    }
+}
+
 /// What the run is: table, cache, workload.
 fn print_intro(a: &BenchArgs, p: &Pipeline) {
     let s = &a.steady;
@@ -171,25 +183,25 @@ fn print_intro(a: &BenchArgs, p: &Pipeline) {
 }
 
 /// The figures of the steps between counters `c.0` and `c.1` (latencies `lat`; `n`: the last
-/// step, tokens, direct-read bytes); `lru` gives a reference's tally by name.
+/// step, the steps, tokens, direct-read bytes); `lru` gives a reference's tally by name.
 fn figures(
     p: &Pipeline,
     c: (&Counters, &Counters),
     lat: &mut [u64],
-    n: (u64, u64, u64),
+    n: (u64, u64, u64, u64),
     res0: i64,
     lru: impl Fn(&str) -> Option<Tally>,
 ) -> Figures {
     let (a, b) = c;
     Figures {
         step: n.0,
-        steps: lat.len() as u64,
-        tokens: n.1,
+        steps: n.1,
+        tokens: n.2,
         hits: b.cache_hits - a.cache_hits,
         misses: b.cache_misses - a.cache_misses,
         storage_bytes: b.storage_read_bytes - a.storage_read_bytes,
         major_faults: b.major_faults - a.major_faults,
-        direct_bytes: n.2,
+        direct_bytes: n.3,
         p50_us: pct(lat, 50.0),
         p99_us: pct(lat, 99.0),
         rss: rss_bytes(),
@@ -203,7 +215,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let s = &a.steady;
     let opts = OpenOptions {
         num_threads: a.threads,
-        cache_bytes: s.cache_bytes,
+        cache_bytes: if s.replay_only { 0 } else { s.cache_bytes },
         max_tokens_per_step: (s.requests + s.prefill_chunk).max(64) as u32,
         ..OpenOptions::default()
     };
@@ -223,7 +235,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     };
     let res0 = p.stats().resident_pages as i64;
     let t_start = Instant::now();
-    let (mut seq, mut steps) = (0u64, 0u64);
+    let (mut seq, mut steps, mut step0) = (0u64, 0u64, 0u64);
     let (mut st, mut ids) = (Step::default(), Vec::<i64>::new());
     let (mut lat, mut lat_all) = (Vec::new(), Vec::new());
     let (mut tokens, mut tokens_all, mut direct, mut direct_all) = (0u64, 0u64, 0u64, 0u64);
@@ -235,18 +247,19 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let b = st.batch();
         ids.resize(st.tokens.len() * 16, 0);
         p.ngram_ids(&b, &mut ids)?;
-        seq += 1;
-        let t = Instant::now();
-        p.submit(&b, seq)?;
-        p.wait(seq, 0)?;
-        lat.push(stats::ns(t.elapsed()));
-        p.release_step(seq)?;
+        if !s.replay_only {
+            seq += 1;
+            let t = Instant::now();
+            p.submit(&b, seq)?;
+            p.wait(seq, 0)?;
+            lat.push(stats::ns(t.elapsed()));
+            p.release_step(seq)?;
+        }
         steps += 1;
         tokens += st.tokens.len() as u64;
         let uids: Vec<u64> = ids.iter().map(|&x| x as u64).collect();
-        for r in reps.iter_mut() {
-            r.feed(&uids, rb as u64, s.sector);
-        }
+        reps.par_iter_mut()
+            .for_each(|r| r.feed(&uids, rb as u64, s.sector));
         let stop = steps >= s.steps
             || s.seconds
                 .is_some_and(|t| t_start.elapsed().as_secs_f64() >= t);
@@ -254,7 +267,17 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             let c1 = p.counters();
             direct += ((c1.cache_misses - c0.cache_misses) as f64 * span).round() as u64;
             let lru = |n: &str| find(&reps, s.cache_bytes, n).map(|r| r.interval);
-            let f = figures(&p, (&c0, &c1), &mut lat, (steps, tokens, direct), res0, lru);
+            let mut f = figures(
+                &p,
+                (&c0, &c1),
+                &mut lat,
+                (steps, steps - step0, tokens, direct),
+                res0,
+                lru,
+            );
+            if s.replay_only {
+                replayed_as_handle(&mut f, &reps, s.cache_bytes, false);
+            }
             f.print(&steps.to_string());
             points.push(Point {
                 step: steps,
@@ -271,7 +294,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             lat_all.append(&mut lat);
             tokens_all += tokens;
             direct_all += direct;
-            (tokens, direct, c0) = (0, 0, c1);
+            (tokens, direct, c0, step0) = (0, 0, c1, steps);
         }
         if stop {
             break;
@@ -279,14 +302,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let lru = |n: &str| find(&reps, s.cache_bytes, n).map(|r| r.total);
     let ends = (&c_start, &p.counters());
-    let overall = figures(
-        &p,
-        ends,
-        &mut lat_all,
-        (steps, tokens_all, direct_all),
-        res0,
-        lru,
-    );
+    let run = (steps, steps, tokens_all, direct_all);
+    let mut overall = figures(&p, ends, &mut lat_all, run, res0, lru);
+    if s.replay_only {
+        replayed_as_handle(&mut overall, &reps, s.cache_bytes, true);
+    }
     overall.print("overall");
     println!(
         "{} steps, {} tokens, {} documents started, {:.1} s",
@@ -296,7 +316,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         t_start.elapsed().as_secs_f64()
     );
     let policies = print_policies(&reps, tokens_all);
-    let hit_path = hit_path(&p, &wl, a, &opts)?;
+    let hit_path = if s.replay_only {
+        Value::Null
+    } else {
+        hit_path(&p, &wl, a, &opts)?
+    };
     let results = json!({
         "table_dir": a.table_dir, "cache_bytes": s.cache_bytes, "requests": s.requests,
         "intervals": rows_json, "overall": overall.json(), "policies": policies,
