@@ -172,6 +172,8 @@ struct Shard {
     /// Open-addressed index: `tag << 24 | slot`, NIL if empty.
     index: Box<[u32]>,
     cap: usize,
+    /// `HEADER + row_bytes`.
+    stride: usize,
     /// Slots `0..fresh` have been used (the rest were never filled).
     fresh: usize,
     q: Queues,
@@ -297,7 +299,7 @@ impl RowCache {
         }
         match s.find(id, h) {
             Some((_, slot)) => {
-                let at = slot as usize * (HEADER + rb);
+                let at = slot as usize * s.stride;
                 dst.copy_from_slice(&s.slab[at + HEADER..at + HEADER + rb]);
                 s.touch(slot);
                 s.hits += 1;
@@ -371,6 +373,7 @@ impl Shard {
             next: alloc(cap, NIL, "links")?,
             index: alloc(index_len, NIL, "index")?,
             cap,
+            stride,
             fresh: 0,
             q,
             hits: 0,
@@ -381,19 +384,14 @@ impl Shard {
     }
 
     #[inline]
-    fn stride(&self) -> usize {
-        self.slab.len() / self.cap
-    }
-
-    #[inline]
     fn header(&self, slot: u32) -> u64 {
-        let at = slot as usize * self.stride();
+        let at = slot as usize * self.stride;
         u64::from_le_bytes(self.slab[at..at + HEADER].try_into().expect("8 bytes"))
     }
 
     #[inline]
     fn set_header(&mut self, slot: u32, v: u64) {
-        let at = slot as usize * self.stride();
+        let at = slot as usize * self.stride;
         self.slab[at..at + HEADER].copy_from_slice(&v.to_le_bytes());
     }
 
@@ -515,7 +513,7 @@ impl Shard {
             self.evictions += 1;
             s
         };
-        let at = slot as usize * self.stride();
+        let at = slot as usize * self.stride;
         self.slab[at + HEADER..at + HEADER + src.len()].copy_from_slice(src);
         self.set_header(slot, id << 8);
         let mut q = std::mem::replace(&mut self.q, Queues::TAKEN);

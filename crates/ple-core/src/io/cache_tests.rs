@@ -292,3 +292,58 @@ fn gather_cached_equals_the_plain_gather_and_counts_every_row() {
     let e = gather_cached(&c, &src, &[1, rows as u64], &mut out, None).unwrap_err();
     assert!(e.to_string().contains("outside"), "{e}");
 }
+
+/// Every shard's structures agree: each filled slot is indexed once under its own id, the index
+/// holds nothing else, and the queues together link every filled slot exactly once.
+fn check_consistent(c: &RowCache) {
+    for p in c.shards.iter() {
+        let s = p.0.lock().unwrap();
+        let entries = s.index.iter().filter(|&&e| e != NIL).count();
+        assert_eq!(entries, s.fresh, "index entries = filled slots");
+        for slot in 0..s.fresh as u32 {
+            let id = s.header(slot) >> 8;
+            assert_eq!(
+                s.find(id, mix(id)).map(|x| x.1),
+                Some(slot),
+                "slot {slot} indexed"
+            );
+        }
+        let queues: Vec<Fifo> = match &s.q {
+            Queues::S3Fifo { small, main, .. } => vec![*small, *main],
+            Queues::Sieve { fifo, .. } => vec![*fifo],
+        };
+        let mut seen = vec![false; s.cap];
+        for f in queues {
+            let (mut n, mut cur, mut last) = (0, f.oldest, NIL);
+            while cur != NIL {
+                assert!(!seen[cur as usize], "slot {cur} linked twice");
+                seen[cur as usize] = true;
+                (last, cur) = (cur, s.next[cur as usize]);
+                n += 1;
+            }
+            assert_eq!((n, last), (f.len, f.newest), "queue length and newest");
+        }
+        assert_eq!(seen.iter().filter(|&&x| x).count(), s.fresh);
+    }
+}
+
+#[test]
+fn index_and_queues_stay_consistent_under_eviction() {
+    for p in POLICIES {
+        for rows in [1usize, 2, 7, 300] {
+            let c = cache_of(rows, 8, p);
+            let mut r = 11u64;
+            let mut dst = [0u8; 8];
+            for i in 0..20_000 {
+                let id = skewed(&mut r, 3000);
+                if !c.lookup(id, &mut dst) {
+                    c.insert(id, &row_of(id, 8));
+                }
+                if i % 997 == 0 {
+                    check_consistent(&c);
+                }
+            }
+            check_consistent(&c);
+        }
+    }
+}
