@@ -218,6 +218,12 @@ typedef struct ple_options {
    * with `PLE_E_FORMAT` when its fingerprint differs.
    */
   const char *checkpoint_dir;
+  /**
+   * Bytes of memory for a cache of rows, allocated at open (default 0 = no cache). Rows found
+   * in it are copied from it; others are read from the table and inserted (S3-FIFO eviction).
+   * At most 1 TiB; a nonzero value must hold at least one row.
+   */
+  uint64_t cache_bytes;
 } ple_options;
 
 /**
@@ -362,6 +368,17 @@ typedef struct ple_counters {
    * behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
    */
   uint64_t queue_ns;
+  /**
+   * Rows copied from the row cache, and rows read from the table on a cache miss (0 without
+   * a cache): their sum is the rows of the steps gathered through the cache.
+   */
+  uint64_t cache_hits;
+  uint64_t cache_misses;
+  /**
+   * Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
+   * `options.cache_bytes`.
+   */
+  uint64_t cache_bytes_used;
 } ple_counters;
 
 /**

@@ -103,7 +103,9 @@ pub unsafe extern "C" fn ple_open(
         let dir = unsafe { path_arg(table_dir, "table_dir")? };
         let mut c = crate::types::options_to_c(&ple_core::step::OpenOptions::default());
         if !options.is_null() {
-            let min = std::mem::size_of::<ple_options>();
+            // callers built before the appended fields (the first is `cache_bytes`) pass the
+            // shorter size of libple 0.1.0's struct; later fields keep their defaults
+            let min = std::mem::offset_of!(ple_options, cache_bytes);
             // SAFETY: as above.
             unsafe { read_versioned(options, &mut c, min, "options")? };
         }

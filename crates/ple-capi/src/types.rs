@@ -123,6 +123,10 @@ pub struct ple_options {
     /// If not NULL: the checkpoint directory the table must have been packed from; opening fails
     /// with `PLE_E_FORMAT` when its fingerprint differs.
     pub checkpoint_dir: *const c_char,
+    /// Bytes of memory for a cache of rows, allocated at open (default 0 = no cache). Rows found
+    /// in it are copied from it; others are read from the table and inserted (S3-FIFO eviction).
+    /// At most 1 TiB; a nonzero value must hold at least one row.
+    pub cache_bytes: u64,
 }
 
 /// Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
@@ -272,6 +276,13 @@ pub struct ple_stats {
     /// Time steps spent between `ple_submit` and the worker starting them, summed: queueing
     /// behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
     pub queue_ns: u64,
+    /// Rows copied from the row cache, and rows read from the table on a cache miss (0 without
+    /// a cache): their sum is the rows of the steps gathered through the cache.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
+    /// `options.cache_bytes`.
+    pub cache_bytes_used: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -306,6 +317,7 @@ pub fn options_to_c(o: &OpenOptions) -> ple_options {
         },
         config_json_path: std::ptr::null(),
         checkpoint_dir: std::ptr::null(),
+        cache_bytes: o.cache_bytes,
     }
 }
 
@@ -352,6 +364,7 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
         },
         config_json_path: path(c.config_json_path, "config_json_path")?,
         checkpoint_dir: path(c.checkpoint_dir, "checkpoint_dir")?,
+        cache_bytes: c.cache_bytes,
     };
     o.validate()?;
     Ok(o)
@@ -457,6 +470,9 @@ pub fn counters_to_c(k: &Counters) -> ple_stats {
         table_pages: k.table_pages,
         mem_available_bytes: k.mem_available_bytes,
         queue_ns: k.queue_ns,
+        cache_hits: k.cache_hits,
+        cache_misses: k.cache_misses,
+        cache_bytes_used: k.cache_bytes_used,
     }
 }
 

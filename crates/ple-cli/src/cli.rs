@@ -94,6 +94,8 @@ pub struct BenchArgs {
     /// Skip the cold (page cache evicted) measurements.
     #[arg(long)]
     pub warm_only: bool,
+    #[command(flatten)]
+    pub steady: crate::steady::SteadyArgs,
 }
 
 /// `ple demo [--work-dir DIR]`
@@ -350,6 +352,9 @@ pub fn lookup_ids(params: &ple_core::model::HashParams, tokens: &[i32]) -> Resul
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
+    if a.steady.steady {
+        return crate::steady::run(&a);
+    }
     crate::bench::run(&a)
 }
 

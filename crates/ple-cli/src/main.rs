@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod demo;
+mod steady;
 
 use clap::{Parser, Subcommand};
 

@@ -57,6 +57,8 @@ pub struct Stats {
     pub decode_step_ns: AtomicU64,
     pub timeouts: AtomicU64,
     pub failed_steps: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
 }
 
 /// What one completed step adds to the counters.
@@ -76,6 +78,9 @@ pub struct StepRecord {
     pub step_ns: u64,
     /// Submit → the worker starting the step.
     pub queue_ns: u64,
+    /// Rows copied from the row cache, and rows read from the table (handles with a cache).
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 /// Faults and storage bytes attributed to a piece of work.
@@ -129,6 +134,8 @@ impl Stats {
         self.gather_ns.fetch_add(r.gather_ns, Relaxed);
         self.queue_ns.fetch_add(r.queue_ns, Relaxed);
         self.copy_ns.fetch_add(r.copy_ns, Relaxed);
+        self.cache_hits.fetch_add(r.cache_hits, Relaxed);
+        self.cache_misses.fetch_add(r.cache_misses, Relaxed);
     }
 
     /// The counters now (the on-demand fields are 0; the pipeline fills them).
@@ -160,6 +167,9 @@ impl Stats {
             table_pages: 0,
             mem_available_bytes: 0,
             queue_ns: g(&self.queue_ns),
+            cache_hits: g(&self.cache_hits),
+            cache_misses: g(&self.cache_misses),
+            cache_bytes_used: 0,
         }
     }
 }
@@ -194,6 +204,12 @@ pub struct Counters {
     pub table_pages: u64,
     pub mem_available_bytes: u64,
     pub queue_ns: u64,
+    /// Rows of steps copied from the row cache, and rows read from the table on a miss (both 0
+    /// without a cache); `cache_hits + cache_misses` = the rows of the steps gathered with it.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Rows held by the cache × bytes per row (row + index and policy overhead), ≤ `cache_bytes`.
+    pub cache_bytes_used: u64,
 }
 
 /// Nanoseconds of a duration, saturating.

@@ -1,4 +1,5 @@
 //! Getting rows off storage: page sets and prefetch advice, the parallel gather.
 
+pub mod cache;
 pub mod gather;
 pub mod prefetch;

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 pub use crate::dequant::gpu::WaitMode;
 
+/// Largest `cache_bytes`.
+pub const MAX_CACHE_BYTES: u64 = 1 << 40;
+
 /// When a step's pages are advised to the kernel (`MADV_WILLNEED`) before the gather.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PrefetchPolicy {
@@ -43,6 +46,9 @@ pub struct OpenOptions {
     pub wait_mode: WaitMode,
     pub config_json_path: Option<PathBuf>,
     pub checkpoint_dir: Option<PathBuf>,
+    /// Bytes for the row cache ([`RowCache`](crate::io::cache::RowCache)), allocated at open;
+    /// 0 = no cache. Rows of cached steps are copied from it; misses are read from the table.
+    pub cache_bytes: u64,
 }
 
 impl Default for OpenOptions {
@@ -60,6 +66,7 @@ impl Default for OpenOptions {
             wait_mode: WaitMode::Auto,
             config_json_path: None,
             checkpoint_dir: None,
+            cache_bytes: 0,
         }
     }
 }
@@ -89,6 +96,12 @@ impl OpenOptions {
             return crate::invalid!(
                 "options.history_window {} not in [2, 1048576]",
                 self.history_window
+            );
+        }
+        if self.cache_bytes > MAX_CACHE_BYTES {
+            return crate::invalid!(
+                "options.cache_bytes {} > {MAX_CACHE_BYTES} (1 TiB)",
+                self.cache_bytes
             );
         }
         if self.cuda_device < -1 {

@@ -31,6 +31,7 @@ use crate::dequant::gpu::{GpuConfig, GpuSide};
 use crate::error::{Error, Result};
 use crate::format::table::Table;
 use crate::format::table::TableInfo;
+use crate::io::cache::{self, RowCache};
 use crate::io::gather;
 use crate::io::prefetch::{self, PageSet, PageSetBuilder};
 use crate::lookup::context::Batch;
@@ -310,6 +311,8 @@ struct Shared {
     accounted: AtomicU64,
     stats: Stats,
     closing: AtomicBool,
+    /// The row cache (`cache_bytes > 0`): steps gather through it (see `run_step`).
+    cache: Option<RowCache>,
     #[cfg(test)]
     hooks: TestHooks,
 }
@@ -586,6 +589,7 @@ impl Shared {
         // and, when prefetching, the step's sorted page ranges. Steps that do not prefetch count
         // their distinct pages after they are published (off the critical path).
         let prefetch = match self.opts.prefetch_policy {
+            _ if self.cache.is_some() => false,
             PrefetchPolicy::Always => true,
             PrefetchPolicy::Never => false,
             _ => {
@@ -626,7 +630,15 @@ impl Shared {
             Ok((n, io))
         };
         let pool = self.pool();
-        if prefetch {
+        if let Some(c) = &self.cache {
+            // Row cache seam: cached rows are copied from the cache, misses read from the
+            // mapping (and inserted); no prefetch. A direct-read mode replaces the miss path.
+            let g = cache::gather_cached(c, self.table.bytes(), &w.ids, staging, Some(pool))?;
+            rec.io.add(g.io);
+            rec.cache_hits = g.hits;
+            rec.cache_misses = g.misses;
+            rec.gather_ns = stats::ns(t2.elapsed());
+        } else if prefetch {
             rec.prefetched = true;
             if w.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 {
                 let r = gather::gather_overlapped(
@@ -888,6 +900,13 @@ impl Pipeline {
             staging.push(Staging(UnsafeCell::new(v)));
         }
         let n = opts.max_in_flight as usize;
+        let cache = match opts.cache_bytes {
+            0 => None,
+            b => Some(RowCache::new(b, table.row_bytes()).map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidArgument(format!("options.{m}")),
+                e => e,
+            })?),
+        };
         let tracker = {
             let m = table.meta();
             Tracker::new(m.ngram_size, m.hash.eos_token_id, opts.history_window)?
@@ -914,6 +933,7 @@ impl Pipeline {
             accounted: AtomicU64::new(0),
             stats: Stats::default(),
             closing: AtomicBool::new(false),
+            cache,
             opts,
             #[cfg(test)]
             hooks: TestHooks::default(),
@@ -947,6 +967,10 @@ impl Pipeline {
     /// The handle's gather pool.
     pub fn pool(&self) -> &rayon::ThreadPool {
         self.sh.pool()
+    }
+    /// The row cache (handles opened with `cache_bytes > 0`).
+    pub fn row_cache(&self) -> Option<&RowCache> {
+        self.sh.cache.as_ref()
     }
     pub fn ngram_size(&self) -> u32 {
         self.sh.table.meta().ngram_size
@@ -1009,7 +1033,11 @@ impl Pipeline {
         while sh.accounted.load(Ordering::Acquire) < done && t0.elapsed() < Duration::from_secs(1) {
             std::thread::yield_now();
         }
-        sh.stats.snapshot()
+        let mut c = sh.stats.snapshot();
+        if let Some(rc) = &sh.cache {
+            c.cache_bytes_used = rc.counters().bytes_used;
+        }
+        c
     }
 
     /// Cumulative counters, with page-cache residency of the table and MemAvailable measured now.

@@ -1,0 +1,95 @@
+//! `ple bench --steady` on a small generated table, from a trace file: it runs, its figures add
+//! up (JSON), the references are computed, and the plot is written.
+
+use std::process::Command;
+
+#[test]
+fn steady_bench_replays_a_trace_and_writes_the_plot() {
+    let d = tempfile::tempdir().unwrap();
+    let table = d.path().join("t");
+    ple_testkit::synth::write_table(
+        &table,
+        ple_core::model::RowFormat::Nvfp4,
+        &ple_testkit::synth::small_config(3000, 8),
+        2,
+    )
+    .unwrap();
+    // three documents of the English streams, one per line
+    let trace = d.path().join("trace.txt");
+    let lines: Vec<String> = (0..3)
+        .map(|i| {
+            let v: Vec<String> = ple_testkit::text::stream(700, i)
+                .iter()
+                .map(|t| t.to_string())
+                .collect();
+            v.join(" ")
+        })
+        .collect();
+    std::fs::write(&trace, lines.join("\n") + "\n").unwrap();
+    let (svg, json) = (d.path().join("s.svg"), d.path().join("s.json"));
+    let out = Command::new(env!("CARGO_BIN_EXE_ple"))
+        .args([
+            "bench",
+            table.to_str().unwrap(),
+            "--steady",
+            "--requests",
+            "8",
+        ])
+        .args(["--steps", "60", "--interval", "20", "--cache-bytes", "1M"])
+        .args([
+            "--prompt-tokens",
+            "100",
+            "--prefill-chunk",
+            "64",
+            "--sizes",
+            "256K",
+        ])
+        .args(["--threads", "2", "--trace", trace.to_str().unwrap()])
+        .args([
+            "--svg",
+            svg.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("overall") && text.contains("LRU pages"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["intervals"].as_array().unwrap().len(), 3);
+    let o = &v["overall"];
+    let rows = o["tokens"].as_u64().unwrap() * 16;
+    let (h, m) = (
+        o["cache_hits"].as_u64().unwrap(),
+        o["cache_misses"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        h + m,
+        rows,
+        "every row of the run is a hit or a miss of the cache"
+    );
+    assert!(h > 0, "repeated documents hit the cache");
+    // the replay of the handle's own policy at its own size sees the same sequence
+    let p = v["policies"].as_array().unwrap();
+    assert_eq!(p.len(), 8, "two sizes × (two policies, row LRU, page LRU)");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 5);
+    // a trace with a token outside the vocabulary is refused with its line
+    std::fs::write(&trace, "1 2 3\n4 -5 6\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ple"))
+        .args(["bench", table.to_str().unwrap(), "--steady", "--steps", "5"])
+        .args(["--trace", trace.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("trace.txt:2") && err.contains("-5"), "{err}");
+}

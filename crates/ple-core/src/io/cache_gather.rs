@@ -1,0 +1,75 @@
+//! The gather through the row cache (the seam a direct-read mode takes over for its misses).
+
+use super::RowCache;
+use crate::error::Result;
+use crate::stats::{IoDelta, measure};
+use std::sync::Mutex;
+
+/// What [`gather_cached`] did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CachedGather {
+    /// Faults and storage bytes of the pool threads (the calling thread's are not measured).
+    pub io: IoDelta,
+    /// Rows copied from the cache, and rows read from `src` (and inserted).
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// Gathers `ids` into `out` (laid out as [`gather`](crate::io::gather::gather)) through `cache`:
+/// a cached row is copied from the cache, any other from `src` (the mapped row file) and then
+/// inserted. Big sets run on `pool` in chunks, as the plain gather does.
+pub fn gather_cached(
+    cache: &RowCache,
+    src: &[u8],
+    ids: &[u64],
+    out: &mut [u8],
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<CachedGather> {
+    let rb = cache.row_bytes();
+    if out.len() < ids.len() * rb {
+        return crate::invalid!(
+            "staging holds {} bytes, {} rows of {rb} need {}",
+            out.len(),
+            ids.len(),
+            ids.len() * rb
+        );
+    }
+    crate::io::gather::check_ids(ids, (src.len() / rb) as u64)?;
+    let out = &mut out[..ids.len() * rb];
+    let run = |ids: &[u64], out: &mut [u8]| {
+        let mut hits = 0u64;
+        for (o, &r) in out.chunks_exact_mut(rb).zip(ids) {
+            if cache.lookup(r, o) {
+                hits += 1;
+            } else {
+                let s = r as usize * rb;
+                o.copy_from_slice(&src[s..s + rb]);
+                cache.insert(r, o);
+            }
+        }
+        hits
+    };
+    let mut g = CachedGather::default();
+    match pool {
+        Some(pool) if crate::io::gather::runs_on_pool(ids.len(), pool) => {
+            let chunk = (ids.len() / (pool.current_num_threads() * 4)).max(256);
+            let acc = Mutex::new(CachedGather::default());
+            pool.in_place_scope(|s| {
+                for (o, i) in out.chunks_mut(chunk * rb).zip(ids.chunks(chunk)) {
+                    let acc = &acc;
+                    let run = &run;
+                    s.spawn(move |_| {
+                        let (hits, d) = measure(false, || run(i, o));
+                        let mut a = acc.lock().unwrap_or_else(|p| p.into_inner());
+                        a.io.add(d);
+                        a.hits += hits;
+                    });
+                }
+            });
+            g = acc.into_inner().unwrap_or_else(|p| p.into_inner());
+        }
+        _ => g.hits = run(ids, out),
+    }
+    g.misses = ids.len() as u64 - g.hits;
+    Ok(g)
+}

@@ -1,0 +1,349 @@
+//! Tests of the row cache: rows always those of the table, never a row of another id, counters
+//! that add up, bounded memory, concurrency, and scan resistance against an exact LRU.
+
+use super::*;
+use std::collections::{HashMap, VecDeque};
+
+const POLICIES: [Policy; 2] = [Policy::S3Fifo, Policy::Sieve];
+
+/// Row `id` of a table whose every row encodes its own id: the id's 8 bytes, then bytes that
+/// depend on the id and the position.
+fn row_of(id: u64, rb: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = (0..rb)
+        .map(|i| (mix(id ^ (i as u64) << 40) >> 56) as u8)
+        .collect();
+    let n = rb.min(8);
+    v[..n].copy_from_slice(&id.to_le_bytes()[..n]);
+    v
+}
+
+/// A skewed random id in `[0, n)`: most draws from a small hot set.
+fn skewed(r: &mut u64, n: u64) -> u64 {
+    *r = mix(*r);
+    let x = *r;
+    match x % 4 {
+        0 => (x >> 8) % n,
+        _ => (x >> 8) % (n / 20).max(1),
+    }
+}
+
+/// A cache holding about `rows` rows of `rb` bytes.
+fn cache_of(rows: usize, rb: usize, p: Policy) -> RowCache {
+    let shards = if rows < 64 { 1 } else { MAX_SHARDS };
+    let fixed = shards * (std::mem::size_of::<Padded>() + 8) + std::mem::size_of::<RowCache>();
+    let bytes = (rows as f64 * RowCache::row_cost(rb, p)).ceil() as u64 + fixed as u64 + 1;
+    RowCache::with_policy(bytes, rb, p).unwrap()
+}
+
+#[test]
+fn rows_through_the_cache_are_the_tables_under_heavy_eviction() {
+    for p in POLICIES {
+        for (rows, rb) in [(1usize, 90usize), (3, 90), (5, 160), (200, 90), (5000, 7)] {
+            let c = cache_of(rows, rb, p);
+            if rows < 64 {
+                assert_eq!(c.capacity_rows(), rows, "{p:?}");
+            } else {
+                assert!(
+                    c.capacity_rows() * 100 >= rows * 95,
+                    "{p:?} {rows}: {}",
+                    c.capacity_rows()
+                );
+            }
+            let n = 20_000u64;
+            let mut r = rows as u64;
+            let mut dst = vec![0u8; rb];
+            let (mut hits, mut lookups) = (0u64, 0u64);
+            for _ in 0..30_000 {
+                let id = skewed(&mut r, n);
+                lookups += 1;
+                if c.lookup(id, &mut dst) {
+                    hits += 1;
+                    assert_eq!(dst, row_of(id, rb), "{p:?} cap {rows}: row {id}");
+                } else {
+                    c.insert(id, &row_of(id, rb));
+                }
+            }
+            let k = c.counters();
+            assert_eq!(k.hits, hits);
+            assert_eq!(k.hits + k.misses, lookups);
+            assert_eq!(k.inserts - k.evictions, k.rows);
+            assert!(k.rows as usize <= c.capacity_rows());
+            if rows < 64 {
+                assert_eq!(k.rows as usize, rows, "full after 30,000 lookups");
+            }
+            assert!(k.evictions > 0);
+            if rows >= 200 {
+                assert!(
+                    hits > lookups / 10,
+                    "{p:?} {rows}: skewed traffic hits ({hits})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn never_a_row_of_another_id() {
+    // one- and two-row caches: every id competes for the same slots
+    for p in POLICIES {
+        for rows in [1usize, 2] {
+            let rb = 16;
+            let c = cache_of(rows, rb, p);
+            let mut dst = vec![0u8; rb];
+            let mut r = 7u64;
+            for i in 0..50_000u64 {
+                r = mix(r);
+                let id = r % 64;
+                if c.lookup(id, &mut dst) {
+                    let got = u64::from_le_bytes(dst[..8].try_into().unwrap());
+                    assert_eq!(got, id, "{p:?}: lookup {i} returned row {got} for id {id}");
+                } else {
+                    c.insert(id, &row_of(id, rb));
+                }
+            }
+            // a row inserted is then found (the slot it took is its own)
+            c.insert(1000, &row_of(1000, rb));
+            assert!(c.lookup(1000, &mut dst));
+            assert_eq!(dst, row_of(1000, rb));
+        }
+    }
+}
+
+#[test]
+fn ids_beyond_the_header_are_not_cached() {
+    let c = RowCache::new(1 << 20, 8).unwrap();
+    let mut d = [0u8; 8];
+    c.insert(MAX_ROW_ID, &[1; 8]);
+    assert!(!c.lookup(MAX_ROW_ID, &mut d));
+    assert_eq!(c.counters().rows, 0);
+    assert_eq!(c.counters().misses, 1);
+}
+
+#[test]
+fn memory_is_bounded_by_cache_bytes() {
+    for p in POLICIES {
+        for bytes in [200u64, 4096, 100_000, 3 << 20, 64 << 20] {
+            for rb in [90usize, 160, 320] {
+                let c = match RowCache::with_policy(bytes, rb, p) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        assert!(bytes < 1000, "{bytes}: {e}");
+                        assert!(e.to_string().contains("holds no row"), "{e}");
+                        continue;
+                    }
+                };
+                assert!(
+                    c.allocated_bytes() <= bytes,
+                    "{p:?} {bytes} {rb}: {}",
+                    c.allocated_bytes()
+                );
+                let model = c.capacity_rows() as f64 * c.bytes_per_row();
+                assert!(model <= bytes as f64);
+                if bytes >= 3 << 20 {
+                    // nearly all of the budget holds rows
+                    assert!(model > 0.95 * bytes as f64, "{p:?} {bytes} {rb}: {model}");
+                }
+            }
+        }
+    }
+    assert!(RowCache::new(50, 90).is_err());
+    assert!(RowCache::new(1 << 20, 0).is_err());
+}
+
+#[test]
+fn concurrent_lookups_and_inserts_from_many_threads() {
+    for p in POLICIES {
+        let rb = 90;
+        let c = cache_of(3000, rb, p);
+        let threads = 8u64;
+        let per = 40_000u64;
+        let hits: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|t| {
+                    let c = &c;
+                    s.spawn(move || {
+                        let mut r = t + 1;
+                        let mut dst = vec![0u8; rb];
+                        let mut hits = 0;
+                        for _ in 0..per {
+                            let id = skewed(&mut r, 50_000);
+                            if c.lookup(id, &mut dst) {
+                                assert_eq!(dst, row_of(id, rb), "{p:?} row {id}");
+                                hits += 1;
+                            } else {
+                                c.insert(id, &row_of(id, rb));
+                            }
+                        }
+                        hits
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        let k = c.counters();
+        assert_eq!(k.hits, hits);
+        assert_eq!(k.hits + k.misses, threads * per);
+        assert_eq!(k.inserts - k.evictions, k.rows);
+        assert!(c.num_shards() > 1);
+    }
+}
+
+/// Hits of an exact LRU of `cap` rows on `seq`.
+fn lru_hits(seq: &[u64], cap: usize) -> Vec<bool> {
+    let mut q: VecDeque<u64> = VecDeque::new();
+    let mut pos: HashMap<u64, ()> = HashMap::new();
+    seq.iter()
+        .map(|&id| {
+            let hit = pos.contains_key(&id);
+            if hit {
+                let i = q.iter().position(|&x| x == id).unwrap();
+                q.remove(i);
+            } else if q.len() == cap {
+                pos.remove(&q.pop_back().unwrap());
+            }
+            q.push_front(id);
+            pos.insert(id, ());
+            hit
+        })
+        .collect()
+}
+
+#[test]
+fn s3fifo_keeps_a_hot_set_through_a_long_scan_where_lru_loses_it() {
+    let rb = 16;
+    let bytes = 1000.0 * RowCache::row_cost(rb, Policy::S3Fifo);
+    let c = RowCache::with_policy(bytes as u64, rb, Policy::S3Fifo).unwrap();
+    assert!((900..=1000).contains(&c.capacity_rows()));
+    // warm: a hot set of 500 rows, each used a few times
+    let mut seq = Vec::new();
+    for _ in 0..3 {
+        seq.extend(0..500u64);
+    }
+    let warm = seq.len();
+    // then one hot access per 4 fresh rows (a prefill of new text between decode steps)
+    let mut fresh = 1_000_000u64;
+    for round in 0..20_000u64 {
+        seq.push(round % 500);
+        for _ in 0..4 {
+            seq.push(fresh);
+            fresh += 1;
+        }
+    }
+    let mut dst = vec![0u8; rb];
+    let mut hot = (0u64, 0u64);
+    for (i, &id) in seq.iter().enumerate() {
+        let hit = c.lookup(id, &mut dst);
+        if !hit {
+            c.insert(id, &row_of(id, rb));
+        }
+        if i >= warm && id < 500 {
+            hot.0 += hit as u64;
+            hot.1 += 1;
+        }
+    }
+    let lru = lru_hits(&seq, c.capacity_rows());
+    let lru_hot = seq
+        .iter()
+        .zip(&lru)
+        .skip(warm)
+        .filter(|(id, h)| **id < 500 && **h)
+        .count() as u64;
+    assert!(
+        hot.0 * 10 > hot.1 * 9,
+        "S3-FIFO hot hits {} of {}",
+        hot.0,
+        hot.1
+    );
+    assert!(lru_hot * 10 < hot.1, "LRU hot hits {lru_hot} of {}", hot.1);
+}
+
+#[test]
+fn gather_cached_equals_the_plain_gather_and_counts_every_row() {
+    let rb = 90usize;
+    let rows = 5000usize;
+    let src: Vec<u8> = (0..rows as u64).flat_map(|i| row_of(i, rb)).collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for cap in [4usize, 700] {
+        let c = cache_of(cap, rb, Policy::S3Fifo);
+        let mut r = 3u64;
+        let mut total = 0u64;
+        for step in 0..40 {
+            let n = if step % 5 == 0 { 3000 } else { 64 };
+            let ids: Vec<u64> = (0..n).map(|_| skewed(&mut r, rows as u64)).collect();
+            let mut out = vec![0u8; n * rb];
+            let g = gather_cached(&c, &src, &ids, &mut out, Some(&pool)).unwrap();
+            let mut want = vec![0u8; n * rb];
+            crate::io::gather::gather(&src, rb, &ids, &mut want, None).unwrap();
+            assert!(
+                out == want,
+                "cap {cap} step {step}: rows differ from the table's"
+            );
+            assert_eq!(g.hits + g.misses, n as u64);
+            total += n as u64;
+        }
+        let k = c.counters();
+        assert_eq!(k.hits + k.misses, total);
+    }
+    let c = cache_of(4, rb, Policy::S3Fifo);
+    let mut out = vec![0u8; 2 * rb];
+    let e = gather_cached(&c, &src, &[1, rows as u64], &mut out, None).unwrap_err();
+    assert!(e.to_string().contains("outside"), "{e}");
+}
+
+/// Every shard's structures agree: each filled slot is indexed once under its own id, the index
+/// holds nothing else, and the queues together link every filled slot exactly once.
+fn check_consistent(c: &RowCache) {
+    for p in c.shards.iter() {
+        let s = p.0.lock().unwrap();
+        let entries = s.index.iter().filter(|&&e| e != NIL).count();
+        assert_eq!(entries, s.fresh, "index entries = filled slots");
+        for slot in 0..s.fresh as u32 {
+            let id = s.header(slot) >> 8;
+            assert_eq!(
+                s.find(id, mix(id)).map(|x| x.1),
+                Some(slot),
+                "slot {slot} indexed"
+            );
+        }
+        let queues: Vec<Fifo> = match &s.q {
+            Queues::S3Fifo { small, main, .. } => vec![*small, *main],
+            Queues::Sieve { fifo, .. } => vec![*fifo],
+        };
+        let mut seen = vec![false; s.cap];
+        for f in queues {
+            let (mut n, mut cur, mut last) = (0, f.oldest, NIL);
+            while cur != NIL {
+                assert!(!seen[cur as usize], "slot {cur} linked twice");
+                seen[cur as usize] = true;
+                (last, cur) = (cur, s.next[cur as usize]);
+                n += 1;
+            }
+            assert_eq!((n, last), (f.len, f.newest), "queue length and newest");
+        }
+        assert_eq!(seen.iter().filter(|&&x| x).count(), s.fresh);
+    }
+}
+
+#[test]
+fn index_and_queues_stay_consistent_under_eviction() {
+    for p in POLICIES {
+        for rows in [1usize, 2, 7, 300] {
+            let c = cache_of(rows, 8, p);
+            let mut r = 11u64;
+            let mut dst = [0u8; 8];
+            for i in 0..20_000 {
+                let id = skewed(&mut r, 3000);
+                if !c.lookup(id, &mut dst) {
+                    c.insert(id, &row_of(id, 8));
+                }
+                if i % 997 == 0 {
+                    check_consistent(&c);
+                }
+            }
+            check_consistent(&c);
+        }
+    }
+}
