@@ -1,9 +1,11 @@
-//! Packing checkpoints (SPEC §4–§6): every family, metadata, reuse/force/refusal, crash safety,
+//! Packing checkpoints (`docs/FORMAT.md#safetensors-checkpoints`, `#the-packed-table`): every family, metadata, reuse/force/refusal, crash safety,
 //! bad input, Python-written checkpoints and Python-tool tables.
 
 use ple_core::error::Error;
-use ple_core::format::checkpoint::{self, Checkpoint, HashSource};
+use ple_core::format::checkpoint::{Checkpoint, HashSource};
+use ple_core::format::fingerprint::fingerprint;
 use ple_core::format::pack::{PackOptions, PackReport, pack};
+use ple_core::format::safetensors as st;
 use ple_core::format::table::{Table, TableOpenOptions};
 use ple_core::model::{HashParams, RowFormat};
 use ple_testkit::synth::{self, CheckpointSpec, Scale2Layout, expected_row, write_checkpoint};
@@ -104,7 +106,7 @@ fn edit_header_of(
     tensor: &str,
     f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
 ) -> PathBuf {
-    for p in checkpoint::safetensors_files(ck).unwrap() {
+    for p in st::safetensors_files(ck).unwrap() {
         let (mut h, data) = read_st(&p);
         if h.contains_key(tensor) {
             f(&mut h);
@@ -115,8 +117,15 @@ fn edit_header_of(
     panic!("no file holds {tensor}");
 }
 
+/// A copy of a header entry that holds no data (so it overlaps no other tensor).
+fn no_data(mut v: serde_json::Value) -> serde_json::Value {
+    v["shape"] = serde_json::json!([0]);
+    v["data_offsets"] = serde_json::json!([0, 0]);
+    v
+}
+
 fn edit_index(ck: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
-    let p = ck.join(checkpoint::INDEX_FILE);
+    let p = ck.join(st::INDEX_FILE);
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     f(v["weight_map"].as_object_mut().unwrap());
@@ -125,8 +134,8 @@ fn edit_index(ck: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json:
 
 /// Overwrites the data of `tensor` in place.
 fn patch_tensor(ck: &Path, tensor: &str, bytes: &[u8]) {
-    for p in checkpoint::safetensors_files(ck).unwrap() {
-        let h = checkpoint::read_header(&p).unwrap();
+    for p in st::safetensors_files(ck).unwrap() {
+        let h = st::read_header(&p).unwrap();
         if let Some(t) = h.get(tensor) {
             assert_eq!(t.len, bytes.len() as u64);
             use std::os::unix::fs::FileExt;
@@ -194,7 +203,7 @@ fn each_family_packs_every_row_and_all_metadata() {
         assert_eq!(m.global_scale, s.global_scale);
         assert_eq!(m.hash, HashParams::derive(&s.config));
         assert_eq!(m.source.name, format!("ck-{}", f.name()));
-        assert_eq!(m.source.fingerprint, checkpoint::fingerprint(&ck).unwrap());
+        assert_eq!(m.source.fingerprint, fingerprint(&ck).unwrap());
         assert_eq!(m.source.fingerprint.len(), 64);
         assert_eq!(m.rows_file, "table.rows");
         // padded rows split evenly: rows_per_shard = ceil(round_up(addressed, 128) / 4)
@@ -275,20 +284,17 @@ fn table_of_another_checkpoint_is_refused_at_open() {
     write_checkpoint(&a, &spec(RowFormat::Nvfp4, 1)).unwrap();
     // same shapes, same sizes, byte-identical index and headers: only the weights differ
     write_checkpoint(&b, &spec(RowFormat::Nvfp4, 2)).unwrap();
-    for (fa, fb) in checkpoint::safetensors_files(&a)
+    for (fa, fb) in st::safetensors_files(&a)
         .unwrap()
         .iter()
-        .zip(checkpoint::safetensors_files(&b).unwrap())
+        .zip(st::safetensors_files(&b).unwrap())
     {
         assert_eq!(
-            checkpoint::read_header_bytes(fa).unwrap(),
-            checkpoint::read_header_bytes(&fb).unwrap()
+            st::read_header_bytes(fa).unwrap(),
+            st::read_header_bytes(&fb).unwrap()
         );
     }
-    assert_ne!(
-        checkpoint::fingerprint(&a).unwrap(),
-        checkpoint::fingerprint(&b).unwrap()
-    );
+    assert_ne!(fingerprint(&a).unwrap(), fingerprint(&b).unwrap());
     let out = d.path().join("t");
     pack_quiet(&a, &out, &PackOptions::default()).unwrap();
     let with = |ck: &Path| TableOpenOptions {
@@ -539,7 +545,7 @@ fn bad_stray_and_duplicate_shards() {
     let src = format!("{p}.shard_3.weight");
     let stray = format!("{p}.shard_4.weight");
     let file = edit_header_of(&ck, &src, |h| {
-        let v = h[&src].clone();
+        let v = no_data(h[&src].clone());
         h.insert(stray.clone(), v);
     });
     let fname = file.file_name().unwrap().to_string_lossy().into_owned();
@@ -550,7 +556,7 @@ fn bad_stray_and_duplicate_shards() {
 
     // the same name twice in one header
     let ck = bad_ck(d.path(), "b", &s);
-    let f0 = checkpoint::safetensors_files(&ck).unwrap()[0].clone();
+    let f0 = st::safetensors_files(&ck).unwrap()[0].clone();
     let mut bytes = std::fs::read(&f0).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
@@ -564,10 +570,10 @@ fn bad_stray_and_duplicate_shards() {
 
     // the same tensor in two files
     let ck = bad_ck(d.path(), "c", &s);
-    let files = checkpoint::safetensors_files(&ck).unwrap();
+    let files = st::safetensors_files(&ck).unwrap();
     let (h0, _) = read_st(&files[0]);
     let dup = format!("{p}.shard_0.weight_scale");
-    let entry = h0[&dup].clone();
+    let entry = no_data(h0[&dup].clone());
     let (mut h1, data1) = read_st(&files[1]);
     h1.insert(dup.clone(), entry);
     write_st(&files[1], &h1, &data1);
@@ -578,7 +584,7 @@ fn bad_stray_and_duplicate_shards() {
     let src = format!("{p}.shard_1.weight");
     let odd = format!("{p}.shard_01.weight");
     let file = edit_header_of(&ck, &src, |h| {
-        let v = h[&src].clone();
+        let v = no_data(h[&src].clone());
         h.insert(odd.clone(), v);
     });
     let fname = file.file_name().unwrap().to_string_lossy().into_owned();
@@ -710,7 +716,7 @@ fn bad_files_truncated_header_and_json() {
     let s = spec(RowFormat::Nvfp4, 1);
 
     let ck = bad_ck(d.path(), "a", &s);
-    let last = checkpoint::safetensors_files(&ck).unwrap().pop().unwrap();
+    let last = st::safetensors_files(&ck).unwrap().pop().unwrap();
     let len = std::fs::metadata(&last).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -724,7 +730,7 @@ fn bad_files_truncated_header_and_json() {
     );
 
     let ck = bad_ck(d.path(), "b", &s);
-    let f0 = checkpoint::safetensors_files(&ck).unwrap()[0].clone();
+    let f0 = st::safetensors_files(&ck).unwrap()[0].clone();
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().write(true).open(&f0).unwrap();
     f.write_all_at(&(len * 4).to_le_bytes(), 0).unwrap();
@@ -732,15 +738,15 @@ fn bad_files_truncated_header_and_json() {
 
     // a file shorter than the 8-byte length
     let ck = bad_ck(d.path(), "c", &s);
-    std::fs::write(&checkpoint::safetensors_files(&ck).unwrap()[0], b"abc").unwrap();
+    std::fs::write(&st::safetensors_files(&ck).unwrap()[0], b"abc").unwrap();
     assert_bad(&ck, &["shorter than the 8-byte"]);
 
     let ck = bad_ck(d.path(), "d", &s);
-    std::fs::write(ck.join(checkpoint::INDEX_FILE), "{ \"weight_map\": ").unwrap();
-    assert_bad(&ck, &[checkpoint::INDEX_FILE, "invalid JSON"]);
+    std::fs::write(ck.join(st::INDEX_FILE), "{ \"weight_map\": ").unwrap();
+    assert_bad(&ck, &[st::INDEX_FILE, "invalid JSON"]);
 
     let ck = bad_ck(d.path(), "e", &s);
-    let f0 = checkpoint::safetensors_files(&ck).unwrap()[0].clone();
+    let f0 = st::safetensors_files(&ck).unwrap()[0].clone();
     let mut bytes = std::fs::read(&f0).unwrap();
     bytes[8] = b'[';
     bytes[9] = b'!';
@@ -755,7 +761,7 @@ fn bad_files_truncated_header_and_json() {
 
     // index names a file that is not there
     let ck = bad_ck(d.path(), "f", &s);
-    std::fs::remove_file(checkpoint::safetensors_files(&ck).unwrap().pop().unwrap()).unwrap();
+    std::fs::remove_file(st::safetensors_files(&ck).unwrap().pop().unwrap()).unwrap();
     assert_bad(&ck, &["does not exist"]);
 
     // invalid config.json
@@ -766,7 +772,7 @@ fn bad_files_truncated_header_and_json() {
     // not a checkpoint at all
     let empty = d.path().join("h").join("ck");
     std::fs::create_dir_all(&empty).unwrap();
-    assert_bad(&empty, &["neither", checkpoint::INDEX_FILE]);
+    assert_bad(&empty, &["neither", st::INDEX_FILE]);
     let e = err_of(pack_quiet(
         &d.path().join("nope"),
         &d.path().join("o"),
@@ -777,7 +783,7 @@ fn bad_files_truncated_header_and_json() {
 
     // no PLE table in the checkpoint
     let ck = bad_ck(d.path(), "i", &s);
-    for f in checkpoint::safetensors_files(&ck).unwrap() {
+    for f in st::safetensors_files(&ck).unwrap() {
         let (mut h, data) = read_st(&f);
         let keys: Vec<String> = h
             .keys()
@@ -791,6 +797,68 @@ fn bad_files_truncated_header_and_json() {
     }
     edit_index(&ck, |m| m.retain(|k, _| !k.contains("ngram_embedding")));
     assert_bad(&ck, &["no PLE n-gram table"]);
+}
+
+/// Runs `f` on another thread; fails the test if it takes longer than 20 s (a blocking open of a
+/// FIFO never returns).
+fn within_20s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("hung (blocked on a FIFO?)")
+}
+
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn bad_files_fifos_overlaps_and_empty_paths() {
+    let d = tempfile::tempdir().unwrap();
+    let s = spec(RowFormat::Fp8, 1);
+
+    // a FIFO shard or config.json: a Format error naming it, never a hang
+    for (name, victim) in [("fifo-shard", None), ("fifo-config", Some("config.json"))] {
+        let ck = bad_ck(d.path(), name, &s);
+        let p = match victim {
+            Some(f) => ck.join(f),
+            None => st::safetensors_files(&ck).unwrap()[0].clone(),
+        };
+        std::fs::remove_file(&p).unwrap();
+        mkfifo(&p);
+        let out = ck.parent().unwrap().join("out");
+        let (ck2, out2) = (ck.clone(), out.clone());
+        let e = within_20s(move || err_of(pack_quiet(&ck2, &out2, &PackOptions::default())));
+        assert!(matches!(e, Error::Format(_)), "{e}");
+        assert!(e.to_string().contains("is a FIFO"), "{e}");
+        assert_nothing_opens(&out);
+    }
+
+    // two shards whose data_offsets share bytes: refused, not packed as duplicated rows
+    let ck = bad_ck(d.path(), "overlap", &s);
+    let w0 = format!("{}.shard_0.weight", s.prefix());
+    let w1 = format!("{}.shard_1.weight", s.prefix());
+    edit_header_of(&ck, &w0, |h| {
+        assert!(h.contains_key(&w1), "shards 0 and 1 share a file");
+        let offs = h[&w0]["data_offsets"].clone();
+        h.get_mut(&w1).unwrap()["data_offsets"] = offs;
+    });
+    assert_bad(&ck, &["overlap", &w0, &w1]);
+
+    // empty paths are invalid arguments, not I/O errors about ""
+    let ck = bad_ck(d.path(), "ok", &s);
+    let e = err_of(pack_quiet(
+        Path::new(""),
+        &d.path().join("o"),
+        &PackOptions::default(),
+    ));
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let e = err_of(pack_quiet(&ck, Path::new(""), &PackOptions::default()));
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
 }
 
 #[test]
@@ -1005,10 +1073,7 @@ fn python_tool_tables_open_with_the_documented_rule() {
         ..Default::default()
     };
     let t = Table::open(&pt, &opts).unwrap();
-    assert_eq!(
-        t.meta().source.fingerprint,
-        checkpoint::fingerprint(&ck).unwrap()
-    );
+    assert_eq!(t.meta().source.fingerprint, fingerprint(&ck).unwrap());
     meta["global_scale"] = 0.5.into();
     write_meta(&meta);
     let e = Table::open(&pt, &opts).err().unwrap();
@@ -1253,6 +1318,19 @@ fn cli_pack_and_inspect() {
         .unwrap();
     assert!(o.status.success());
 
+    // heads_per_ngram = 2^31 + 8, whose head count (3 - 1) × h wraps to 16 in 32 bits: invalid
+    let meta_path = out.join("table.json");
+    let good = std::fs::read_to_string(&meta_path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+    v["heads_per_ngram"] = serde_json::json!(2147483656u64);
+    v["hash"]["heads_per_ngram"] = serde_json::json!(2147483656u64);
+    std::fs::write(&meta_path, v.to_string()).unwrap();
+    let o = Command::new(PLE).arg("inspect").arg(&out).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("valid:        no"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("heads_per_ngram"));
+    std::fs::write(&meta_path, good).unwrap();
+
     // invalid table: non-zero exit, the error on stderr
     std::fs::OpenOptions::new()
         .write(true)
@@ -1307,7 +1385,7 @@ fn table_info_reports_the_table() {
     let name = unsafe { std::ffi::CStr::from_ptr(i.source_name.as_ptr()) };
     assert_eq!(name.to_str().unwrap(), "ck");
     let fp = unsafe { std::ffi::CStr::from_ptr(i.source_fingerprint.as_ptr()) };
-    assert_eq!(fp.to_str().unwrap(), checkpoint::fingerprint(&ck).unwrap());
+    assert_eq!(fp.to_str().unwrap(), fingerprint(&ck).unwrap());
 
     // a long multi-byte name is truncated at a character boundary, NUL-terminated
     let long = "é".repeat(300);

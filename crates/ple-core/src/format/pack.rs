@@ -1,4 +1,5 @@
-//! The packer: checkpoint shards → one row-addressable file + JSON metadata (SPEC §4–§6).
+//! The packer: checkpoint shards → one row-addressable file + JSON metadata
+//! (`docs/FORMAT.md#safetensors-checkpoints` → `docs/FORMAT.md#the-packed-table`).
 //!
 //! Crash safety: rows and metadata are written to temporary names in the output directory
 //! (`.table.rows.tmp-<pid>`, `.table.json.tmp-<pid>`), synced and size-checked; then the old
@@ -16,6 +17,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
+use crate::format::files::{MAX_TABLE_META, non_empty, open_regular, read_text_capped};
 use crate::format::table::{META_FILE, ROWS_FILE, Table, TableMeta, TableOpenOptions};
 use crate::model::RowFormat;
 use std::collections::HashMap;
@@ -88,27 +90,26 @@ impl Drop for TempFiles {
     }
 }
 
+/// A byte offset or length as `off_t`, clamped (offsets of valid tables are below 2^48).
+fn off_t(v: u64) -> libc::off_t {
+    libc::off_t::try_from(v).unwrap_or(libc::off_t::MAX)
+}
+
 fn fadvise(f: &File, off: u64, len: u64, advice: libc::c_int) {
     // Advice only: failure changes nothing but caching.
+    // SAFETY: posix_fadvise reads no memory of ours; `f` is an open descriptor that outlives the
+    // call (borrowed), and any offset, length or advice value is merely rejected by the kernel.
     unsafe {
-        libc::posix_fadvise(
-            f.as_raw_fd(),
-            off as libc::off_t,
-            len as libc::off_t,
-            advice,
-        );
+        libc::posix_fadvise(f.as_raw_fd(), off_t(off), off_t(len), advice);
     }
 }
 
 fn sync_range(f: &File, off: u64, len: u64, flags: libc::c_uint) {
     // Write-behind only; the final fsync is what guarantees durability.
+    // SAFETY: sync_file_range touches no memory of ours; `f` is an open descriptor borrowed for
+    // the call, and bad ranges or flags are rejected by the kernel with an error we ignore.
     unsafe {
-        libc::sync_file_range(
-            f.as_raw_fd(),
-            off as libc::off64_t,
-            len as libc::off64_t,
-            flags,
-        );
+        libc::sync_file_range(f.as_raw_fd(), off_t(off), off_t(len), flags);
     }
 }
 
@@ -120,6 +121,8 @@ fn fsync_dir(dir: &File, path: &Path) -> Result<()> {
 /// Takes an exclusive, non-blocking lock on the directory (released when the file is dropped).
 fn lock_dir(out: &Path) -> Result<File> {
     let d = File::open(out).map_err(|e| Error::io_path("opening directory", out, e))?;
+    // SAFETY: flock takes a descriptor and flags and touches no memory; `d` is open for the
+    // whole call and the lock lives as long as the returned `File`.
     if unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::WouldBlock {
@@ -156,7 +159,18 @@ fn check_existing(out: &Path, meta: &TableMeta, force: bool) -> Result<bool> {
     if !p.exists() {
         return Ok(false);
     }
-    let text = std::fs::read_to_string(&p).map_err(|e| Error::io_path("reading", &p, e))?;
+    let text = match read_text_capped(&p, MAX_TABLE_META) {
+        Ok(t) => t,
+        // An unreadable, oversized or non-regular table.json is "not libple metadata".
+        Err(e) if force => {
+            log::warn!(
+                "{}: --force: replacing unreadable metadata ({e})",
+                out.display()
+            );
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
     match serde_json::from_str::<TableMeta>(&text) {
         Ok(old) if old.source.fingerprint == meta.source.fingerprint => {
             if force {
@@ -217,6 +231,8 @@ pub fn pack(
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> Result<PackReport> {
     let t0 = Instant::now();
+    non_empty(checkpoint, "checkpoint directory")?;
+    non_empty(out, "output directory")?;
     if opts.buffer_bytes < 4096 {
         return crate::invalid!("buffer_bytes {} < 4096", opts.buffer_bytes);
     }
@@ -307,7 +323,9 @@ fn write_rows(
         .open(tmp)
         .map_err(|e| Error::io_path("creating", tmp, e))?;
     if opts.preallocate && total > 0 {
-        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, total as libc::off_t) };
+        // SAFETY: fallocate touches no memory of ours; `f` is the open temporary file, and
+        // `total` ≤ MAX_FILE_BYTES (validated metadata) fits off_t.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, off_t(total)) };
         if r != 0 {
             let e = std::io::Error::last_os_error();
             match e.raw_os_error() {
@@ -349,7 +367,7 @@ fn write_rows(
                 .try_clone()
                 .map_err(|e| Error::io_path("duplicating handle of", p, e));
         }
-        let f = File::open(p).map_err(|e| Error::io_path("opening", p, e))?;
+        let (f, _) = open_regular(p)?;
         fadvise(&f, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
         let c = f
             .try_clone()
