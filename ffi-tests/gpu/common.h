@@ -1,6 +1,6 @@
 /*
  * Shared helpers of the GPU checks (ffi-tests/gpu): a tiny packed-table generator, an independent
- * reference of the dequantisation rule (SPEC §5, restated in kernels/ple_kernels.cu), stateless
+ * reference of the dequantisation rule (docs/FORMAT.md#row-formats-and-dequantisation), stateless
  * batches, checks and timing. Plain C11, no Rust: the GPU machine has a C compiler, CMake and the
  * CUDA toolkit only.
  */
@@ -139,9 +139,9 @@ typedef struct {
 } table_desc;
 
 /*
- * Writes a small packed table (SPEC §6) into directory `dir`: `table.rows` (random rows, row r at
+ * Writes a small packed table (docs/FORMAT.md#the-packed-table) into directory `dir`: `table.rows` (random rows, row r at
  * r * row_bytes) and `table.json`. The hash parameters are the model's multipliers (derived here
- * from SPEC §3 and checked against the SPEC values) with small head sizes (the 16 primes from
+ * from docs/FORMAT.md#the-n-gram-hash and checked against its values) with small head sizes (the 16 primes from
  * `head_base` up), so the table is small but every hashed id is a real row.
  *
  * THE METADATA SCHEMA IS PROVISIONAL: it follows the schema the packer issue was given; the
@@ -152,7 +152,7 @@ static inline int write_table(const char *dir, const char *fmt, uint64_t head_ba
     int rb = row_bytes_of(fmt);
     if (!rb) return -1;
     if (!strcmp(fmt, "bf16")) global_scale = 1.0f;
-    /* multipliers: SPEC §3 */
+    /* multipliers: docs/FORMAT.md#the-n-gram-hash */
     uint64_t half = (((uint64_t)INT64_MAX) / VOCAB) / 2;
     if (half < 1) half = 1;
     uint64_t base = 1234 + 10007ull * 0;
@@ -160,7 +160,7 @@ static inline int write_table(const char *dir, const char *fmt, uint64_t head_ba
     for (int i = 0; i < 3; i++)
         m[i] = 2 * (splitmix64(base + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)) % half) + 1;
     if (m[0] != 23703573157769ull || m[1] != 20109073645365ull || m[2] != 8052911324071ull) {
-        fprintf(stderr, "write_table: multipliers differ from SPEC §3\n");
+        fprintf(stderr, "write_table: multipliers differ from docs/FORMAT.md\n");
         return -1;
     }
     uint64_t sizes[HEADS], offsets[HEADS], acc = 0, p = head_base - 1;
@@ -247,7 +247,7 @@ static inline int write_table(const char *dir, const char *fmt, uint64_t head_ba
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* reference dequantisation (independent of the library: written from SPEC §5, not shared)    */
+/* reference dequantisation (independent of the library: from docs/FORMAT.md, not shared)    */
 /* ------------------------------------------------------------------------------------------ */
 
 static inline float ref_e4m3(uint8_t b) {
@@ -317,7 +317,7 @@ static inline int dtype_size(int dtype) { return dtype == PLE_DTYPE_F32 ? 4 : 2;
 
 /*
  * Dequantises `n` tokens of packed rows ([n][16][row_bytes]) into `out` (host memory laid out as
- * the engine's buffer: token t at out + t * stride elements), per SPEC §5, accumulating if asked.
+ * the engine's buffer: token t at out + t * stride elements), per docs/FORMAT.md#row-formats-and-dequantisation, accumulating if asked.
  */
 static inline void ref_dequant(int format, float gs, const uint8_t *rows, uint32_t n, void *out,
                         int dtype, size_t stride, int accumulate) {

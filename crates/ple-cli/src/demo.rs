@@ -187,7 +187,7 @@ fn script(decode_steps: usize, rid_base: u64) -> Vec<Step> {
     steps
 }
 
-/// The reference rule (SPEC §3), written out plainly: context with the EOS cut, mixes, plain `%`.
+/// The reference rule (`docs/FORMAT.md#the-n-gram-hash`), written out plainly: context with the EOS cut, mixes, plain `%`.
 fn reference_ids(p: &HashParams, seq: &[i32], pos: usize) -> Vec<u64> {
     let eos = p.eos_token_id;
     let n = p.ngram_size as usize;
@@ -228,7 +228,7 @@ fn e4m3(b: u8) -> f32 {
     if s == 1 { -v } else { v }
 }
 
-/// Decodes one row to f32 by the plain rule of SPEC §5.
+/// Decodes one row to f32 by the plain rule of `docs/FORMAT.md#row-formats-and-dequantisation`.
 fn decode_row(format: RowFormat, global: f32, row: &[u8]) -> Vec<f32> {
     const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
     (0..160)

@@ -1,6 +1,7 @@
-//! The model's constants, the hash parameters derived from them and the row formats
-//! (`docs/FORMAT.md`: [the hash](../../../docs/FORMAT.md#the-n-gram-hash),
-//! [row formats](../../../docs/FORMAT.md#row-formats-and-dequantisation)).
+//! The model's constants (`docs/FORMAT.md#model-constants`), the hash parameters derived from
+//! them (`docs/FORMAT.md#the-n-gram-hash`) and the row formats
+//! (`docs/FORMAT.md#row-formats-and-dequantisation`), with the bounds a file's values must keep
+//! (`docs/FORMAT.md#limits-on-what-a-file-may-say`).
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,6 @@
 //! The GPU side: CUDA driver loading, the device's primary context, device row buffers, the
-//! CPU → GPU handshake and the dequant kernels (SPEC §5, §8, §12). The pipeline owns one
+//! CPU → GPU handshake and the dequant kernels (`docs/FORMAT.md#row-formats-and-dequantisation`,
+//! `docs/FORMAT.md#the-cpu-gpu-handshake`). The pipeline owns one
 //! [`GpuSide`] per handle opened with `cuda_device >= 0` (wired in `crate::step::pipeline`; see its
 //! module docs and docs/GPU.md for what has not run on a GPU yet).
 //!
@@ -16,19 +17,9 @@
 //! uses), pushes it around its own driver calls, and releases it on drop. The engine's stream
 //! must belong to that context.
 //!
-//! # The dequantisation rule (CPU and GPU must match bit for bit)
-//! Element `e` (0..2560) of a token is element `j = e % 160` of its row `h = e / 160`; in fp32:
-//! - nvfp4: `v = mul_rn(mul_rn(e2m1(code j), e4m3(scale[j / 16])), global_scale)`; code j is the
-//!   low nibble of byte j/2 when j is even, the high nibble when odd; the first product is exact.
-//! - fp8: `v = mul_rn(e4m3(byte j), global_scale)`.
-//! - bf16: `v = bf16 j widened exactly`; no multiply (the global scale of a bf16 table is 1.0).
-//! - e4m3 is "fn": bias 7, no infinities, 0x7F/0xFF NaN, exponent 0 subnormal `m · 2^-9`.
-//! - `PLE_FUSE_ACCUMULATE`: `v = add_rn(old, v)` with `old` the existing output element widened
-//!   exactly to fp32; one add, never fused with the multiply (no FMA).
-//! - Store: one round-to-nearest-even conversion to the output dtype (f32: none); subnormals are
-//!   kept (no flush to zero); overflow rounds to ±inf; **every NaN is written as the canonical
-//!   positive quiet NaN** (f32 `0x7FC00000`, f16 `0x7E00`, bf16 `0x7FC0`).
-//! - Token `t` is written at `out + t * out_stride` elements; the stride padding is never touched.
+//! # The dequantisation rule
+//! Written once in `docs/FORMAT.md#row-formats-and-dequantisation`; the kernels implement it with
+//! `__fmul_rn`/`__fadd_rn` (no FMA) and match the CPU path bit for bit.
 //!
 //! # Handshake
 //! Ring slot of step `seq` is `seq % slots` ([`GpuSide::slot_of`]); the pipeline must use it.
@@ -38,7 +29,7 @@
 //! `done = seq` (release) in a host-mapped word. Steps publish in increasing `seq` order. A step
 //! that failed is published with [`GpuSide::publish_failed`] so device waiters are released; its
 //! kernel writes nothing. A kernel consumes step `seq` only if `done >= seq` and the slot header
-//! says `seq` (never "flag set": stale rows are impossible, SPEC §12).
+//! says `seq` (never "flag set": stale rows are impossible).
 //!
 //! Waits ([`WaitKind`]): `Host` (the caller's host wait, then the kernel), `StreamOp`
 //! (`cuStreamWaitValue64(done >= seq)` on the engine's stream; cannot time out, so the worker
@@ -1052,7 +1043,7 @@ impl GpuSide {
     }
 
     /// Checks that `out` is device memory of our device and, where the driver can tell, that the
-    /// allocation holds `extent` bytes from `out` (SPEC §12: never write past a wrong-shaped buffer).
+    /// allocation holds `extent` bytes from `out` (never write past a wrong-shaped buffer).
     fn check_out_ptr(&self, out: u64, extent: u64) -> Result<()> {
         if out == 0 {
             return crate::invalid!("out is NULL");
