@@ -61,7 +61,13 @@ fn literal(seq: &[i32], q: usize, k: usize) -> Vec<i32> {
         .rposition(|&t| t == EOS)
         .map_or(0, |i| i + 1);
     (1..=k)
-        .map(|j| if q >= j && q - j >= s { seq[q - j] } else { EOS })
+        .map(|j| {
+            if q >= j && q - j >= s {
+                seq[q - j]
+            } else {
+                EOS
+            }
+        })
         .collect()
 }
 
@@ -211,7 +217,9 @@ impl State {
             Ok(ctx) => {
                 let want = want.expect("the tracker resolved a position nobody submitted");
                 assert_eq!(ctx, want, "tracked context differs from the literal rule");
-                self.tracker.commit(&b.view()).expect("commit after resolve");
+                self.tracker
+                    .commit(&b.view())
+                    .expect("commit after resolve");
                 for i in 0..b.ids.len() {
                     let span = b.view().span(i);
                     if span.is_empty() {
@@ -224,7 +232,10 @@ impl State {
             }
             Err(e) => {
                 assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-                assert!(!all_held, "refused although every needed position is held: {e}");
+                assert!(
+                    !all_held,
+                    "refused although every needed position is held: {e}"
+                );
                 assert_eq!(before, self.known(), "a refused batch changed the history");
             }
         }

@@ -97,7 +97,10 @@ pub fn checkpoint_dir(data: &[u8]) -> bool {
     };
     let p = dir.join(name);
     std::fs::write(&p, file).expect("write file");
-    let f = std::fs::OpenOptions::new().write(true).open(&p).expect("reopen");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .expect("reopen");
     f.set_len(file.len() as u64 + pad).expect("pad");
     if flags & 1 != 0 {
         write_index(&dir, file, name);
@@ -111,7 +114,9 @@ pub fn checkpoint_dir(data: &[u8]) -> bool {
     {
         assert_eq!(ck.shards.len(), ck.num_shards as usize);
         assert!(ck.global_scale.is_finite() && ck.global_scale > 0.0);
-        ck.hash.validate().expect("accepted hash parameters validate");
+        ck.hash
+            .validate()
+            .expect("accepted hash parameters validate");
         if let Ok(m) = ck.table_meta() {
             m.validate().expect("table_meta validates");
             assert_eq!(m.checked_file_bytes(), Some(m.file_bytes()));
@@ -151,7 +156,10 @@ fn check_ids(p: &HashParams) {
     for tok in [0, p.eos_token_id, last] {
         let ctx = vec![p.eos_token_id; k];
         h.ids(tok, &ctx, &mut out);
-        assert!(out.iter().all(|&id| id < addressed), "row id past the heads");
+        assert!(
+            out.iter().all(|&id| id < addressed),
+            "row id past the heads"
+        );
         let mut reference = vec![0u64; h.num_heads()];
         h.ids_reference(tok, &ctx, &mut reference);
         assert_eq!(out, reference, "fast and reference hash differ");
@@ -170,7 +178,10 @@ pub fn table_json(data: &[u8]) -> bool {
     };
     let bytes = m.checked_file_bytes().expect("validated: no overflow");
     assert!(bytes <= MAX_FILE_BYTES);
-    assert_eq!(Some(m.total_rows), m.rows_per_shard.checked_mul(m.num_shards as u64));
+    assert_eq!(
+        Some(m.total_rows),
+        m.rows_per_shard.checked_mul(m.num_shards as u64)
+    );
     assert!(m.hash.addressed_rows() <= m.total_rows);
     assert_eq!(m.num_heads as usize, m.hash.num_heads());
     check_ids(&m.hash);

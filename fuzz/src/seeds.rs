@@ -65,7 +65,10 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
     match name {
         "safetensors_header" => {
             let mut v = vec![
-                with_len(r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#, 4),
+                with_len(
+                    r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#,
+                    4,
+                ),
                 with_len(
                     r#"{"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]},"b":{"dtype":"F4","shape":[8],"data_offsets":[8,12]}}"#,
                     12,
@@ -117,7 +120,9 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         }
         "batch_context" => vec![
             vec![0, 0, 0, 0, 0, 3, 1, 2, 3, 0, 0, 0, 3, 15, 4, 5],
-            vec![1, 3, 1, 2, 0, 1, 4, 9, 9, 15, 9, 1, 1, 1, 2, 2, 3, 6, 1, 7, 2, 2, 2],
+            vec![
+                1, 3, 1, 2, 0, 1, 4, 9, 9, 15, 9, 1, 1, 1, 2, 2, 3, 6, 1, 7, 2, 2, 2,
+            ],
             (0..200u16).map(|i| (i * 37 % 251) as u8).collect(),
         ],
         _ => Vec::new(),

@@ -84,12 +84,15 @@ fn crash(target: &str, data: &[u8]) -> ! {
         .join("artifacts")
         .join(target);
     std::fs::create_dir_all(&dir).expect("artifacts directory");
-    let h = data
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let h = data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
     let p = dir.join(format!("crash-{h:016x}"));
     std::fs::write(&p, data).expect("write crash");
-    eprintln!("fuzz-stable: {target}: CRASH, input saved to {}", p.display());
+    eprintln!(
+        "fuzz-stable: {target}: CRASH, input saved to {}",
+        p.display()
+    );
     std::process::exit(1);
 }
 
