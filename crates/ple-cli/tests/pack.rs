@@ -330,6 +330,7 @@ fn stale_temporary_files_are_removed_and_a_second_packer_is_locked_out() {
     std::fs::write(out.join(".table.json.tmp-4000000"), b"{").unwrap();
 
     let lock = std::fs::File::open(&out).unwrap();
+    // SAFETY: flock on a descriptor this test owns (kept open by `lock`); no memory is passed.
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
     let e = err_of(pack_quiet(&ck, &out, &PackOptions::default()));
     assert!(

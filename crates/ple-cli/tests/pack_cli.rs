@@ -26,6 +26,8 @@ fn pack_with_fsize_limit(
     use std::os::unix::process::CommandExt;
     let mut c = Command::new(PLE);
     c.arg("pack").arg(ck).arg(out).args(extra);
+    // SAFETY: the closure runs in the forked child before exec and calls only setrlimit and
+    // signal, which are async-signal-safe; it allocates nothing and touches no shared state.
     unsafe {
         c.pre_exec(move || {
             let r = libc::rlimit {
@@ -98,6 +100,7 @@ fn killed_mid_pack_leaves_no_table_and_a_rerun_succeeds() {
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();
+    // SAFETY: fcntl on a pipe descriptor this test owns; no memory is passed.
     let sz = unsafe { libc::fcntl(stderr.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
     assert!(sz > 0, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
     let mut lines = std::io::BufReader::new(stderr).lines();
@@ -120,6 +123,8 @@ fn killed_mid_pack_leaves_no_table_and_a_rerun_succeeds() {
         !temp_files(&out).is_empty(),
         "no temporary file while packing"
     );
+    // SAFETY: kill takes a pid and a signal, no memory; the child has not been waited for, so
+    // its pid cannot have been reused.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     child.wait().unwrap();
     drop(lines);
@@ -277,8 +282,11 @@ fn table_info_reports_the_table() {
     assert_eq!(i.global_scale, synth::global_scale(RowFormat::Nvfp4));
     assert_eq!(i.file_size, info.table_bytes);
     assert_eq!(i.device_wait_supported, 0);
+    // SAFETY: `info_to_c` writes NUL-terminated strings into these fixed arrays, which live in
+    // `i` for the whole borrow (the same holds for the three CStr reads below).
     let name = unsafe { std::ffi::CStr::from_ptr(i.source_name.as_ptr()) };
     assert_eq!(name.to_str().unwrap(), "ck");
+    // SAFETY: as above.
     let fp = unsafe { std::ffi::CStr::from_ptr(i.source_fingerprint.as_ptr()) };
     assert_eq!(fp.to_str().unwrap(), fingerprint(&ck).unwrap());
 
@@ -289,12 +297,15 @@ fn table_info_reports_the_table() {
     let out2 = d.path().join("t2");
     pack_quiet(&ck2, &out2, &PackOptions::default()).unwrap();
     let i = ple::info_to_c(&ple_core::format::table::table_info(&open(&out2).unwrap()));
+    // SAFETY: as above.
     let name = unsafe { std::ffi::CStr::from_ptr(i.source_name.as_ptr()) };
     let s = name.to_str().expect("valid UTF-8 after truncation");
     assert!(s.len() <= 255 && s.chars().all(|c| c == 'é') && !s.is_empty());
 }
 
 extern "C" fn cancel_at_half(done: u64, total: u64, user: *mut std::ffi::c_void) -> i32 {
+    // SAFETY: `user` is the `&mut calls` (a live u64) that `c_api_ple_pack` passes to ple_pack,
+    // which calls this on the same thread while that borrow is alive.
     unsafe { *(user as *mut u64) += 1 };
     (done * 2 > total) as i32
 }
@@ -311,10 +322,15 @@ fn c_api_ple_pack() {
         CString::new(out.to_str().unwrap()).unwrap(),
     );
     let mut o = std::mem::MaybeUninit::<ple::ple_pack_options>::uninit();
+    // SAFETY: `o` is a valid place for one ple_pack_options, which the call fills completely.
     assert_eq!(unsafe { ple::ple_pack_options_default(o.as_mut_ptr()) }, 0);
+    // SAFETY: filled by the successful call above.
     let mut o = unsafe { o.assume_init() };
     o.buffer_bytes = 16 << 10;
     let mut calls = 0u64;
+    // SAFETY: both paths are NUL-terminated CStrings alive across the call, `o` is an
+    // initialised options struct, and `user` points at `calls`, alive across the call (the
+    // progress callback runs only during it).
     let st = unsafe {
         ple::ple_pack(
             c_ck.as_ptr(),
@@ -327,6 +343,7 @@ fn c_api_ple_pack() {
     assert_eq!(st, ple::PLE_E_STATE);
     assert!(calls > 1);
     assert_nothing_opens(&out);
+    // SAFETY: valid NUL-terminated paths; NULL options, callback and user data are allowed.
     let st = unsafe {
         ple::ple_pack(
             c_ck.as_ptr(),
@@ -339,6 +356,7 @@ fn c_api_ple_pack() {
     assert_eq!(st, 0);
     assert_rows(&open(&out).unwrap(), 4, RowFormat::Fp8);
     o.buffer_bytes = 1;
+    // SAFETY: as the first call, without a callback.
     let st = unsafe {
         ple::ple_pack(
             c_ck.as_ptr(),
