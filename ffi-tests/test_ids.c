@@ -1,5 +1,5 @@
 /* Row ids through the C API on a table with the real model's shape and hash parameters (a sparse
- * row file): the SPEC's test vector, stateless and tracked modes, table facts, batch errors, and
+ * row file): the hash test vector of docs/FORMAT.md, stateless and tracked modes, table facts, batch errors, and
  * closing a real handle twice. */
 #define _POSIX_C_SOURCE 200809L
 #include "check.h"

@@ -4,31 +4,10 @@
  * plain CUDA C++ with `extern "C"` entry points, so the host looks kernels up by name.
  *
  * ---------------------------------------------------------------------------------------------
- * THE DEQUANTISATION RULE (every path, CPU and GPU, must match it bit for bit)
- * ---------------------------------------------------------------------------------------------
- * A token's 16 rows are contiguous: [16][row_bytes]. Element e (0..2559) of the token's output is
- * element j = e % 160 of row h = e / 160. Its fp32 value v is:
- *   nvfp4 (90 B/row): code = nibble j of the 80 code bytes (byte j/2: low nibble if j even, high if
- *         odd); e2m1(code) = (bit 3 ? -1 : +1) * {0, 0.5, 1, 1.5, 2, 3, 4, 6}[code & 7];
- *         bs = e4m3(byte 80 + j/16);
- *         v = fp32_mul_rn(fp32_mul_rn(e2m1(code), bs), global_scale)
- *         (the first product is exact; written as a multiply so both sides agree on -0).
- *   fp8   (160 B/row): v = fp32_mul_rn(e4m3(byte j), global_scale)
- *   bf16  (320 B/row): v = the little-endian bf16 at bytes 2j..2j+1, widened exactly (bits << 16);
- *         no multiply (the table's global scale is 1.0 for bf16).
- *   e4m3 ("fn"): sign bit 7, exponent bits 6..3 (bias 7), mantissa bits 2..0; exponent 0 is
- *         subnormal: m * 2^-9; 0x7F and 0xFF are NaN; there are no infinities.
- * Accumulate (PLE_FUSE_ACCUMULATE): old = the existing output element widened exactly to fp32
- *         (f16/bf16 -> f32 is exact); v = fp32_add_rn(old, v). One add, never fused with the
- *         multiply (no FMA contraction anywhere: the kernels use __fmul_rn/__fadd_rn and are
- *         compiled with -fmad=false).
- * Store:  ONE round-to-nearest-even conversion of v to the output dtype (f32: none). Subnormals
- *         are kept on input and output (no flush-to-zero); values beyond the dtype's range round to
- *         +-inf as IEEE RNE does. Any NaN is written as the canonical positive quiet NaN:
- *         f32 0x7FC00000, f16 0x7E00, bf16 0x7FC0 (NaN payloads and signs are NOT propagated).
- * Output element e of token t is at out + (t * out_stride + e) * sizeof(dtype); elements of the
- * stride padding (2560..out_stride-1) are never read or written.
- *
+ * THE DEQUANTISATION RULE: docs/FORMAT.md#row-formats-and-dequantisation (written once there).
+ * Here: fp32 products with __fmul_rn, the accumulate with __fadd_rn, never contracted (the PTX is
+ * compiled with -fmad=false); one round-to-nearest-even store; every NaN stored canonical.
+ * Output element e of token t is at out + (t * out_stride + e) * sizeof(dtype).
  * ---------------------------------------------------------------------------------------------
  * THE HANDSHAKE (device side; the host side is crates/ple-core/src/dequant/gpu/, docs/GPU.md)
  * ---------------------------------------------------------------------------------------------

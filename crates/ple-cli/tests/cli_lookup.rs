@@ -1,4 +1,4 @@
-//! `ple lookup` against the SPEC's test vector, on a table with the real model's shape and hash
+//! `ple lookup` against the hash test vector of docs/FORMAT.md, on a table with the real model's shape and hash
 //! parameters (sparse row file).
 
 use std::process::Command;

@@ -1,5 +1,7 @@
-//! The model's constants (SPEC §2), the hash parameters derived from them (SPEC §3) and the row
-//! formats (SPEC §5).
+//! The model's constants (`docs/FORMAT.md#model-constants`), the hash parameters derived from
+//! them (`docs/FORMAT.md#the-n-gram-hash`) and the row formats
+//! (`docs/FORMAT.md#row-formats-and-dequantisation`), with the bounds a file's values must keep
+//! (`docs/FORMAT.md#limits-on-what-a-file-may-say`).
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -17,12 +19,24 @@ pub const DIVISIBLE_BY: u64 = 128;
 pub const SPLIT_NGRAM_PARTS: u32 = 128;
 pub const SEED: u64 = 1234;
 pub const PLE_LAYER_INDEX: u64 = 0;
+/// Largest n-gram order accepted from a file (the window is `ngram_size` tokens).
+pub const MAX_NGRAM_SIZE: u32 = 8;
+/// Largest `heads_per_ngram` accepted from a file; with [`MAX_NGRAM_SIZE`] the head count
+/// `(ngram_size - 1) * heads_per_ngram` stays ≤ 7 × 1024, far from any integer limit.
+pub const MAX_HEADS_PER_NGRAM: u32 = 1024;
+
+/// Largest `ngram_vocab_size_base` accepted from config.json (head sizes are primes just above it).
+pub const MAX_VOCAB_BASE: u64 = 1 << 32;
+/// Most head sizes the derivation may search for: `(ple_layer_index + 1) * num_heads`.
+pub const MAX_PRIMES: u64 = 1024;
+/// Largest head size (rows of one head) accepted from a file, exclusive.
+pub const MAX_HEAD_SIZE: u64 = 1 << 40;
 
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 const M1: u64 = 0xBF58_476D_1CE4_E5B9;
 const M2: u64 = 0x94D0_49BB_1331_11EB;
 
-/// splitmix64 as SPEC §3 writes it.
+/// splitmix64 (`docs/FORMAT.md#the-n-gram-hash`).
 pub fn splitmix64(mut v: u64) -> u64 {
     v = v.wrapping_add(GAMMA);
     v = (v ^ (v >> 30)).wrapping_mul(M1);
@@ -65,7 +79,7 @@ impl Default for ModelConfig {
 
 impl ModelConfig {
     /// Reads the constants from a parsed `config.json` (`text_config` or top level). Fields the
-    /// file lacks take the model's defaults (SPEC §2); fields it has must be of the right type.
+    /// file lacks take the model's defaults (the constants above); fields it has must be of the right type.
     pub fn from_config_json(v: &serde_json::Value) -> Result<ModelConfig> {
         let tc = v.get("text_config").filter(|t| t.is_object()).unwrap_or(v);
         let mut c = ModelConfig::default();
@@ -83,23 +97,38 @@ impl ModelConfig {
             c.vocab_size = u32::try_from(x)
                 .map_err(|_| Error::Format(format!("config.json: vocab_size {x} too large")))?;
         }
-        match tc.get("eos_token_id") {
+        fn get_u32(tc: &serde_json::Value, k: &str) -> Result<Option<u32>> {
+            get_u64(tc, k)?
+                .map(|x| {
+                    u32::try_from(x)
+                        .map_err(|_| Error::Format(format!("config.json: {k} {x} too large")))
+                })
+                .transpose()
+        }
+        let eos = match tc.get("eos_token_id") {
             Some(serde_json::Value::Array(a)) if !a.is_empty() => {
-                c.eos_token_id = a[0].as_i64().ok_or_else(|| {
+                Some(a[0].as_i64().ok_or_else(|| {
                     Error::Format("config.json: eos_token_id[0] is not an integer".into())
-                })? as i32
+                })?)
             }
-            Some(x) if x.is_i64() => c.eos_token_id = x.as_i64().unwrap() as i32,
-            _ => {}
+            Some(x) if x.is_i64() => x.as_i64(),
+            _ => None,
+        };
+        if let Some(e) = eos {
+            c.eos_token_id = i32::try_from(e).map_err(|_| {
+                Error::Format(format!(
+                    "config.json: eos_token_id {e} is not a 32-bit token id"
+                ))
+            })?;
         }
-        if let Some(x) = get_u64(tc, "ngram_size")? {
-            c.ngram_size = x as u32;
+        if let Some(x) = get_u32(tc, "ngram_size")? {
+            c.ngram_size = x;
         }
-        if let Some(x) = get_u64(tc, "heads_per_ngram")? {
-            c.heads_per_ngram = x as u32;
+        if let Some(x) = get_u32(tc, "heads_per_ngram")? {
+            c.heads_per_ngram = x;
         }
-        if let Some(x) = get_u64(tc, "ple_embed_dim")? {
-            c.ple_embed_dim = x as u32;
+        if let Some(x) = get_u32(tc, "ple_embed_dim")? {
+            c.ple_embed_dim = x;
         }
         if let Some(x) = get_u64(tc, "ngram_vocab_size_base")? {
             c.ngram_vocab_size_base = x;
@@ -107,8 +136,8 @@ impl ModelConfig {
         if let Some(x) = get_u64(tc, "make_ngram_vocab_size_divisible_by")? {
             c.make_ngram_vocab_size_divisible_by = x;
         }
-        if let Some(x) = get_u64(tc, "split_ngram_parts")? {
-            c.split_ngram_parts = x as u32;
+        if let Some(x) = get_u32(tc, "split_ngram_parts")? {
+            c.split_ngram_parts = x;
         }
         if let Some(x) = get_u64(tc, "seed")? {
             c.seed = x;
@@ -132,12 +161,19 @@ impl ModelConfig {
                 self.eos_token_id, self.vocab_size
             ));
         }
-        if self.ngram_size < 2 || self.ngram_size > 8 {
-            return bad(format!("ngram_size {} not in [2, 8]", self.ngram_size));
+        if !(2..=MAX_NGRAM_SIZE).contains(&self.ngram_size) {
+            return bad(format!(
+                "ngram_size {} not in [2, {MAX_NGRAM_SIZE}]",
+                self.ngram_size
+            ));
         }
-        if self.heads_per_ngram == 0 {
-            return bad("heads_per_ngram is 0".into());
+        if !(1..=MAX_HEADS_PER_NGRAM).contains(&self.heads_per_ngram) {
+            return bad(format!(
+                "heads_per_ngram {} not in [1, {MAX_HEADS_PER_NGRAM}]",
+                self.heads_per_ngram
+            ));
         }
+        // Both bounded above, so the product is at most 7 × 1024.
         let heads = (self.ngram_size - 1) * self.heads_per_ngram;
         if self.ple_embed_dim == 0 || self.ple_embed_dim % heads != 0 {
             return bad(format!(
@@ -145,8 +181,23 @@ impl ModelConfig {
                 self.ple_embed_dim
             ));
         }
-        if self.ngram_vocab_size_base < 2 {
-            return bad("ngram_vocab_size_base < 2".into());
+        if !(2..=MAX_VOCAB_BASE).contains(&self.ngram_vocab_size_base) {
+            return bad(format!(
+                "ngram_vocab_size_base {} not in [2, {MAX_VOCAB_BASE}]",
+                self.ngram_vocab_size_base
+            ));
+        }
+        // The head sizes are the (layer * heads + 1)-th .. primes above the base: bounding the
+        // count bounds the prime search (trial division up to 2^16 per candidate).
+        let primes = self
+            .ple_layer_index
+            .checked_add(1)
+            .and_then(|l| l.checked_mul(heads as u64));
+        if primes.is_none_or(|p| p > MAX_PRIMES) {
+            return bad(format!(
+                "(ple_layer_index {} + 1) × {heads} heads is more than the {MAX_PRIMES} head sizes libple derives",
+                self.ple_layer_index
+            ));
         }
         if self.make_ngram_vocab_size_divisible_by == 0 {
             return bad("make_ngram_vocab_size_divisible_by is 0".into());
@@ -157,15 +208,23 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Number of heads: (ngram_size - 1) * heads_per_ngram.
+    /// Number of heads: (ngram_size - 1) * heads_per_ngram (computed in 64 bits, so it cannot
+    /// wrap even for constants [`ModelConfig::validate`] would refuse).
     pub fn num_heads(&self) -> usize {
-        ((self.ngram_size - 1) * self.heads_per_ngram) as usize
+        heads_of(self.ngram_size, self.heads_per_ngram) as usize
     }
 
-    /// Elements per row: ple_embed_dim / num_heads.
+    /// Elements per row: ple_embed_dim / num_heads (0 when there are no heads).
     pub fn head_dim(&self) -> usize {
-        self.ple_embed_dim as usize / self.num_heads()
+        (self.ple_embed_dim as usize)
+            .checked_div(self.num_heads())
+            .unwrap_or(0)
     }
+}
+
+/// `(ngram_size - 1) * heads_per_ngram` in 64 bits: at most 2^64 - 2^33, never wraps.
+pub fn heads_of(ngram_size: u32, heads_per_ngram: u32) -> u64 {
+    (ngram_size as u64).saturating_sub(1) * heads_per_ngram as u64
 }
 
 fn is_prime(n: u64) -> bool {
@@ -185,7 +244,8 @@ fn is_prime(n: u64) -> bool {
     true
 }
 
-/// The parameters of the n-gram hash (SPEC §3), as stored in a table's metadata.
+/// The parameters of the n-gram hash (`docs/FORMAT.md#the-n-gram-hash`), as stored in a table's
+/// metadata.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HashParams {
     /// One multiplier per position in the window: [current, ctx1, ctx2, ...] (ngram_size values).
@@ -256,15 +316,23 @@ impl HashParams {
     /// no product of a token id overflows i64 (the reference uses signed 64-bit arithmetic).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Format(format!("hash parameters: {m}")));
-        if self.ngram_size < 2 || self.multipliers.len() != self.ngram_size as usize {
+        if !(2..=MAX_NGRAM_SIZE).contains(&self.ngram_size)
+            || self.multipliers.len() != self.ngram_size as usize
+        {
             return bad(format!(
-                "{} multipliers for ngram_size {}",
+                "{} multipliers for ngram_size {} (must be in [2, {MAX_NGRAM_SIZE}])",
                 self.multipliers.len(),
                 self.ngram_size
             ));
         }
-        let heads = ((self.ngram_size - 1) * self.heads_per_ngram) as usize;
-        if self.head_sizes.len() != heads || self.offsets.len() != heads {
+        if !(1..=MAX_HEADS_PER_NGRAM).contains(&self.heads_per_ngram) {
+            return bad(format!(
+                "heads_per_ngram {} not in [1, {MAX_HEADS_PER_NGRAM}]",
+                self.heads_per_ngram
+            ));
+        }
+        let heads = heads_of(self.ngram_size, self.heads_per_ngram);
+        if self.head_sizes.len() as u64 != heads || self.offsets.len() as u64 != heads {
             return bad(format!(
                 "{} head sizes and {} offsets, expected {heads}",
                 self.head_sizes.len(),
@@ -272,8 +340,9 @@ impl HashParams {
             ));
         }
         let mut acc = 0u64;
+        // At most 7168 heads of < 2^40 rows each: the running sum stays below 2^53.
         for (h, (&s, &o)) in self.head_sizes.iter().zip(&self.offsets).enumerate() {
-            if s == 0 || s >= (1 << 40) {
+            if s == 0 || s >= MAX_HEAD_SIZE {
                 return bad(format!("head {h} size {s} out of range"));
             }
             if o != acc {
@@ -303,7 +372,7 @@ impl HashParams {
     }
 }
 
-/// How the rows of a table are stored (SPEC §5).
+/// How the rows of a table are stored (`docs/FORMAT.md#row-formats-and-dequantisation`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RowFormat {

@@ -1,4 +1,5 @@
-//! Counters of a handle (SPEC §10) and the OS probes behind them.
+//! Counters of a handle (rows, pages, faults, bytes read, residency, time per stage; prefill and
+//! decode apart) and the OS probes behind them.
 //!
 //! Every counter is an atomic updated by the worker (or by waiters) and read without locks by
 //! `ple_stats`. Definitions:

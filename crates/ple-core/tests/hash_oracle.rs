@@ -1,5 +1,5 @@
 //! The library's row ids against an independent Python/numpy oracle (`tests/oracle/hash_oracle.py`,
-//! written from SPEC §3 alone: its own splitmix64, primes, context rule and modulo).
+//! written from docs/FORMAT.md#the-n-gram-hash alone: its own splitmix64, primes, context rule and modulo).
 //!
 //! Thousands of random sequences with EOS sprinkled in, for the shipped model and for other
 //! shapes, go through the library the way the pipeline uses it (batches of several requests,

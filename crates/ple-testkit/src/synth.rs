@@ -27,7 +27,7 @@ pub fn global_scale(format: RowFormat) -> f32 {
     }
 }
 
-/// Shape of a table for `cfg`: (rows_per_shard, num_shards, total_rows), per SPEC §4: the addressed
+/// Shape of a table for `cfg`: (rows_per_shard, num_shards, total_rows), per `docs/FORMAT.md#safetensors-checkpoints`: the addressed
 /// rows padded to a multiple of `make_ngram_vocab_size_divisible_by`, split evenly (rounding up).
 pub fn shape(cfg: &ModelConfig, params: &HashParams) -> (u64, u32, u64) {
     let d = cfg.make_ngram_vocab_size_divisible_by;
@@ -123,7 +123,7 @@ pub fn write_table(
 
 /// Writes a table with the real model's full shape and hash parameters (320,001,536 rows) whose
 /// row file is sparse: it takes no disk space and reads as zeros. For testing the hash and the API
-/// against the SPEC's test vector without a 27 GiB file.
+/// against the hash test vector (docs/FORMAT.md#the-n-gram-hash) without a 27 GiB file.
 pub fn write_sparse_full_table(dir: &Path, format: RowFormat) -> Result<TableMeta> {
     let cfg = ModelConfig::default();
     let params = HashParams::derive(&cfg);

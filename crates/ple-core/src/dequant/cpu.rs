@@ -1,23 +1,10 @@
-//! Dequantisation on the CPU (SPEC §5): a step's packed rows `[tokens][16][row_bytes]` → one
-//! embedding of 2,560 elements per token, as f32, f16 or bf16, row `t` at `out + t * stride`.
+//! Dequantisation on the CPU: a step's packed rows `[tokens][16][row_bytes]` → one embedding of
+//! 2,560 elements per token, as f32, f16 or bf16, row `t` at `out + t * stride`.
 //!
-//! # The rule (every path — CPU here, the GPU kernel — must give the same bits)
-//!
-//! Element `j` of head `h` of token `t` (output index `h * 160 + j`):
-//! 1. `v = e2m1(code j) × e4m3(scale[j / 16])` for NVFP4 (exact in fp32), `e4m3(byte j)` for FP8,
-//!    `bf16(j)` for BF16 (exact in fp32).
-//!    E4M3 is the "fn" variant: bias 7, no infinities, `0x7F`/`0xFF` NaN, subnormals `m · 2^-9`.
-//!    E2M1 magnitudes by bits 0–2: {0, 0.5, 1, 1.5, 2, 3, 4, 6}; bit 3 is the sign.
-//!    NVFP4 code `j` is the low nibble of byte `j / 2` for even `j`, the high nibble for odd `j`.
-//! 2. NVFP4 and FP8: `v = v × global_scale`, one fp32 multiply (round-to-nearest-even in fp32).
-//!    BF16: no multiply (the global scale of a BF16 table is 1.0).
-//! 3. Without `PLE_FUSE_ACCUMULATE`: `out = round(v)`; with it: `out = round(f32(out) + v)` — the
-//!    old output widened to fp32 (exact), ONE fp32 addition, then the rounding. `round` is one
-//!    round-to-nearest-even from fp32 to the output type (identity for f32; overflow gives ±inf).
-//!
-//! NaN inputs (E4M3 `0x7F`/`0xFF`, BF16 NaNs) give the canonical positive quiet NaN (f32
-//! `0x7FC00000`, f16 `0x7E00`, bf16 `0x7FC0`) on every path, CPU and GPU (`kernels/ple_kernels.cu`).
-//! Signed zeros are kept as IEEE arithmetic keeps them.
+//! The rule — decode, one fp32 multiply by the global scale, optional fp32 accumulate, one
+//! round-to-nearest-even store, canonical NaN — is written once, in
+//! `docs/FORMAT.md#row-formats-and-dequantisation`; this file, the GPU kernel
+//! (`kernels/ple_kernels.cu`) and the oracles implement it bit for bit.
 
 use crate::error::Result;
 use crate::model::{HEAD_DIM, NUM_HEADS, PLE_EMBED_DIM, RowFormat};

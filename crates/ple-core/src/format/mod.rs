@@ -1,5 +1,12 @@
-//! The offline path: safetensors checkpoint → packed table (`docs/FORMAT.md`).
+//! The offline path and the files it reads and writes, in data-path order: safetensors headers →
+//! checkpoint (and its fingerprint) → pack → packed table; the Python-tool table adapter apart.
+//! Layouts: `docs/FORMAT.md`.
 
 pub mod checkpoint;
+pub mod files;
+pub mod fingerprint;
+mod open;
 pub mod pack;
+pub mod python_table;
+pub mod safetensors;
 pub mod table;

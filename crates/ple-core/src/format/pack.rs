@@ -1,4 +1,5 @@
-//! The packer: checkpoint shards → one row-addressable file + JSON metadata (SPEC §4–§6).
+//! The packer: checkpoint shards → one row-addressable file + JSON metadata
+//! (`docs/FORMAT.md#safetensors-checkpoints` → `docs/FORMAT.md#the-packed-table`).
 //!
 //! Crash safety: rows and metadata are written to temporary names in the output directory
 //! (`.table.rows.tmp-<pid>`, `.table.json.tmp-<pid>`), synced and size-checked; then the old
@@ -15,7 +16,8 @@
 //! writer with `sync_file_range`, so neither side fills the page cache.
 
 use crate::error::{Error, Result};
-use crate::format::checkpoint::Checkpoint;
+use crate::format::checkpoint::{Checkpoint, ShardSource};
+use crate::format::files::{MAX_TABLE_META, non_empty, open_regular, read_text_capped};
 use crate::format::table::{META_FILE, ROWS_FILE, Table, TableMeta, TableOpenOptions};
 use crate::model::RowFormat;
 use std::collections::HashMap;
@@ -88,27 +90,26 @@ impl Drop for TempFiles {
     }
 }
 
+/// A byte offset or length as `off_t`, clamped (offsets of valid tables are below 2^48).
+fn off_t(v: u64) -> libc::off_t {
+    libc::off_t::try_from(v).unwrap_or(libc::off_t::MAX)
+}
+
 fn fadvise(f: &File, off: u64, len: u64, advice: libc::c_int) {
     // Advice only: failure changes nothing but caching.
+    // SAFETY: posix_fadvise reads no memory of ours; `f` is an open descriptor that outlives the
+    // call (borrowed), and any offset, length or advice value is merely rejected by the kernel.
     unsafe {
-        libc::posix_fadvise(
-            f.as_raw_fd(),
-            off as libc::off_t,
-            len as libc::off_t,
-            advice,
-        );
+        libc::posix_fadvise(f.as_raw_fd(), off_t(off), off_t(len), advice);
     }
 }
 
 fn sync_range(f: &File, off: u64, len: u64, flags: libc::c_uint) {
     // Write-behind only; the final fsync is what guarantees durability.
+    // SAFETY: sync_file_range touches no memory of ours; `f` is an open descriptor borrowed for
+    // the call, and bad ranges or flags are rejected by the kernel with an error we ignore.
     unsafe {
-        libc::sync_file_range(
-            f.as_raw_fd(),
-            off as libc::off64_t,
-            len as libc::off64_t,
-            flags,
-        );
+        libc::sync_file_range(f.as_raw_fd(), off_t(off), off_t(len), flags);
     }
 }
 
@@ -120,6 +121,8 @@ fn fsync_dir(dir: &File, path: &Path) -> Result<()> {
 /// Takes an exclusive, non-blocking lock on the directory (released when the file is dropped).
 fn lock_dir(out: &Path) -> Result<File> {
     let d = File::open(out).map_err(|e| Error::io_path("opening directory", out, e))?;
+    // SAFETY: flock takes a descriptor and flags and touches no memory; `d` is open for the
+    // whole call and the lock lives as long as the returned `File`.
     if unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::WouldBlock {
@@ -156,7 +159,18 @@ fn check_existing(out: &Path, meta: &TableMeta, force: bool) -> Result<bool> {
     if !p.exists() {
         return Ok(false);
     }
-    let text = std::fs::read_to_string(&p).map_err(|e| Error::io_path("reading", &p, e))?;
+    let text = match read_text_capped(&p, MAX_TABLE_META) {
+        Ok(t) => t,
+        // An unreadable, oversized or non-regular table.json is "not libple metadata".
+        Err(e) if force => {
+            log::warn!(
+                "{}: --force: replacing unreadable metadata ({e})",
+                out.display()
+            );
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
     match serde_json::from_str::<TableMeta>(&text) {
         Ok(old) if old.source.fingerprint == meta.source.fingerprint => {
             if force {
@@ -217,6 +231,8 @@ pub fn pack(
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> Result<PackReport> {
     let t0 = Instant::now();
+    non_empty(checkpoint, "checkpoint directory")?;
+    non_empty(out, "output directory")?;
     if opts.buffer_bytes < 4096 {
         return crate::invalid!("buffer_bytes {} < 4096", opts.buffer_bytes);
     }
@@ -291,6 +307,173 @@ pub fn pack(
     Ok(report)
 }
 
+/// Reserves `total` bytes for `f` (`fallocate`), so a full disk fails before any write.
+/// Filesystems without `fallocate` are written without reserving.
+fn reserve(f: &File, total: u64, tmp: &Path) -> Result<()> {
+    // SAFETY: fallocate touches no memory of ours; `f` is the open temporary file, and
+    // `total` ≤ MAX_FILE_BYTES (validated metadata) fits off_t.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, off_t(total)) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(()),
+        _ => Err(Error::io(
+            format!(
+                "reserving {total} bytes for {} (is the disk full?)",
+                tmp.display()
+            ),
+            e,
+        )),
+    }
+}
+
+/// The shard files, each opened once (regular files only) and advised SEQUENTIAL.
+#[derive(Default)]
+struct Sources(HashMap<PathBuf, File>);
+
+impl Sources {
+    fn open(&mut self, p: &Path) -> Result<&File> {
+        if !self.0.contains_key(p) {
+            let (f, _) = open_regular(p)?;
+            fadvise(&f, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+            self.0.insert(p.to_path_buf(), f);
+        }
+        Ok(&self.0[p])
+    }
+}
+
+/// Reads `buf.len()` bytes at `off` of a shard, then drops them from the page cache.
+fn read_at(f: &File, path: &Path, buf: &mut [u8], off: u64) -> Result<()> {
+    f.read_exact_at(buf, off)
+        .map_err(|e| Error::io_path("reading shard data of", path, e))?;
+    fadvise(f, off, buf.len() as u64, libc::POSIX_FADV_DONTNEED);
+    Ok(())
+}
+
+/// Write-behind of the output: starts write-back of each full window, waits for the one before
+/// it, then drops it from the page cache, so the packer never fills the page cache.
+#[derive(Default)]
+struct WriteBehind {
+    /// Start of the window not yet handed to write-back.
+    flushed: u64,
+    /// Everything before this is on disk and dropped from the cache.
+    waited: u64,
+}
+
+impl WriteBehind {
+    fn wrote(&mut self, f: &File, done: u64) {
+        if done - self.flushed < FLUSH_WINDOW {
+            return;
+        }
+        sync_range(
+            f,
+            self.flushed,
+            done - self.flushed,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+        if self.flushed > self.waited {
+            sync_range(
+                f,
+                self.waited,
+                self.flushed - self.waited,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            );
+            fadvise(
+                f,
+                self.waited,
+                self.flushed - self.waited,
+                libc::POSIX_FADV_DONTNEED,
+            );
+            self.waited = self.flushed;
+        }
+        self.flushed = done;
+    }
+}
+
+/// Reusable buffers: one output chunk and, for NVFP4, the codes and scales it is built from.
+struct Chunk {
+    rows: u64,
+    out: Vec<u8>,
+    codes: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+impl Chunk {
+    fn new(meta: &TableMeta, buffer_bytes: usize) -> Chunk {
+        let rb = meta.row_bytes as usize;
+        let rows = (buffer_bytes / rb).max(1);
+        let nvfp4 = meta.row_format == RowFormat::Nvfp4;
+        let side = |b: u32| {
+            if nvfp4 {
+                vec![0u8; rows * b as usize]
+            } else {
+                Vec::new()
+            }
+        };
+        Chunk {
+            rows: rows as u64,
+            out: vec![0u8; rows * rb],
+            codes: side(meta.code_bytes),
+            scales: side(meta.scale_bytes),
+        }
+    }
+
+    /// Fills the first `n` rows of `out` with rows `r0..r0 + n` of `shard`; returns their bytes.
+    fn fill(
+        &mut self,
+        meta: &TableMeta,
+        shard: &ShardSource,
+        src: &mut Sources,
+        r0: u64,
+        n: u64,
+    ) -> Result<&[u8]> {
+        let (rb, cb, sb) = (
+            meta.row_bytes as usize,
+            meta.code_bytes as usize,
+            meta.scale_bytes as usize,
+        );
+        let nb = n as usize * rb;
+        let w = &shard.weight;
+        match &shard.scales {
+            None => read_at(
+                src.open(&w.path)?,
+                &w.path,
+                &mut self.out[..nb],
+                w.info.offset + r0 * rb as u64,
+            )?,
+            Some(s) => {
+                let c = &mut self.codes[..n as usize * cb];
+                read_at(
+                    src.open(&w.path)?,
+                    &w.path,
+                    c,
+                    w.info.offset + r0 * cb as u64,
+                )?;
+                let sc = &mut self.scales[..n as usize * sb];
+                read_at(
+                    src.open(&s.path)?,
+                    &s.path,
+                    sc,
+                    s.info.offset + r0 * sb as u64,
+                )?;
+                for ((o, c), s) in self.out[..nb]
+                    .chunks_exact_mut(rb)
+                    .zip(c.chunks_exact(cb))
+                    .zip(sc.chunks_exact(sb))
+                {
+                    o[..cb].copy_from_slice(c);
+                    o[cb..].copy_from_slice(s);
+                }
+            }
+        }
+        Ok(&self.out[..nb])
+    }
+}
+
 /// Streams every shard into `tmp`, syncs it and checks its size. Returns the bytes written.
 fn write_rows(
     ck: &Checkpoint,
@@ -307,131 +490,25 @@ fn write_rows(
         .open(tmp)
         .map_err(|e| Error::io_path("creating", tmp, e))?;
     if opts.preallocate && total > 0 {
-        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, total as libc::off_t) };
-        if r != 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {}
-                _ => {
-                    return Err(Error::io(
-                        format!(
-                            "reserving {total} bytes for {} (is the disk full?)",
-                            tmp.display()
-                        ),
-                        e,
-                    ));
-                }
-            }
-        }
+        reserve(&f, total, tmp)?;
     }
     if !progress(0, total) {
         return Err(Error::State("cancelled".into()));
     }
-
-    let rb = meta.row_bytes as usize;
-    let cb = meta.code_bytes as usize;
-    let sb = meta.scale_bytes as usize;
-    let chunk_rows = (opts.buffer_bytes / rb).max(1) as u64;
-    let mut out_buf = vec![0u8; chunk_rows as usize * rb];
-    let nvfp4 = meta.row_format == RowFormat::Nvfp4;
-    let (mut codes, mut scales) = if nvfp4 {
-        (
-            vec![0u8; chunk_rows as usize * cb],
-            vec![0u8; chunk_rows as usize * sb],
-        )
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    let mut sources: HashMap<PathBuf, File> = HashMap::new();
-    let mut open = |p: &Path| -> Result<File> {
-        if let Some(f) = sources.get(p) {
-            return f
-                .try_clone()
-                .map_err(|e| Error::io_path("duplicating handle of", p, e));
-        }
-        let f = File::open(p).map_err(|e| Error::io_path("opening", p, e))?;
-        fadvise(&f, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
-        let c = f
-            .try_clone()
-            .map_err(|e| Error::io_path("duplicating handle of", p, e))?;
-        sources.insert(p.to_path_buf(), f);
-        Ok(c)
-    };
-    let read = |f: &File, path: &Path, buf: &mut [u8], off: u64| -> Result<()> {
-        f.read_exact_at(buf, off)
-            .map_err(|e| Error::io_path("reading shard data of", path, e))?;
-        fadvise(f, off, buf.len() as u64, libc::POSIX_FADV_DONTNEED);
-        Ok(())
-    };
-
+    let mut chunk = Chunk::new(meta, opts.buffer_bytes);
+    let mut sources = Sources::default();
+    let mut behind = WriteBehind::default();
     let mut done = 0u64;
-    let mut flushed = 0u64; // start of the window not yet handed to write-back
-    let mut waited = 0u64; // everything before this is on disk and dropped from the cache
     for (i, shard) in ck.shards.iter().enumerate() {
-        let wf = open(&shard.weight.path)?;
-        let sf = match &shard.scales {
-            Some(s) => Some(open(&s.path)?),
-            None => None,
-        };
-        let rows = ck.rows_per_shard;
         let mut r0 = 0u64;
-        while r0 < rows {
-            let n = chunk_rows.min(rows - r0);
-            let nb = n as usize * rb;
-            if nvfp4 {
-                let s = shard.scales.as_ref().expect("nvfp4 shards have scales");
-                let c = &mut codes[..n as usize * cb];
-                read(
-                    &wf,
-                    &shard.weight.path,
-                    c,
-                    shard.weight.info.offset + r0 * cb as u64,
-                )?;
-                let sc = &mut scales[..n as usize * sb];
-                read(
-                    sf.as_ref().expect("scales file"),
-                    &s.path,
-                    sc,
-                    s.info.offset + r0 * sb as u64,
-                )?;
-                for ((o, c), s) in out_buf[..nb]
-                    .chunks_exact_mut(rb)
-                    .zip(c.chunks_exact(cb))
-                    .zip(sc.chunks_exact(sb))
-                {
-                    o[..cb].copy_from_slice(c);
-                    o[cb..].copy_from_slice(s);
-                }
-            } else {
-                read(
-                    &wf,
-                    &shard.weight.path,
-                    &mut out_buf[..nb],
-                    shard.weight.info.offset + r0 * rb as u64,
-                )?;
-            }
-            f.write_all(&out_buf[..nb])
+        while r0 < ck.rows_per_shard {
+            let n = chunk.rows.min(ck.rows_per_shard - r0);
+            let bytes = chunk.fill(meta, shard, &mut sources, r0, n)?;
+            f.write_all(bytes)
                 .map_err(|e| Error::io_path(&format!("writing (shard {i}) to"), tmp, e))?;
-            done += nb as u64;
+            done += bytes.len() as u64;
             r0 += n;
-            // Write-behind: start write-back of each full window, and wait for the one
-            // before it, then drop it from the page cache.
-            if done - flushed >= FLUSH_WINDOW {
-                sync_range(&f, flushed, done - flushed, libc::SYNC_FILE_RANGE_WRITE);
-                if flushed > waited {
-                    sync_range(
-                        &f,
-                        waited,
-                        flushed - waited,
-                        libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                            | libc::SYNC_FILE_RANGE_WRITE
-                            | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                    );
-                    fadvise(&f, waited, flushed - waited, libc::POSIX_FADV_DONTNEED);
-                    waited = flushed;
-                }
-                flushed = done;
-            }
+            behind.wrote(&f, done);
             if !progress(done, total) {
                 return Err(Error::State("cancelled".into()));
             }

@@ -1,8 +1,11 @@
-//! The packed table (SPEC §6): a directory with one row file (row `r` at byte `r * row_bytes`, no
-//! header, no padding) and one JSON metadata file. Opening maps the rows read-only, advises
-//! MADV_RANDOM and validates every metadata field against the others and against the file size.
+//! The packed table (`docs/FORMAT.md#the-packed-table`): a directory with one row file (row `r`
+//! at byte `r * row_bytes`, no header, no padding) and one JSON metadata file. Opening maps the
+//! rows read-only, advises MADV_RANDOM and validates every metadata field against the others and
+//! against the file size. Opening a directory (which may also hold a Python-tool table) is
+//! [`Table::open`], in `format/open.rs`.
 
 use crate::error::{Error, Result};
+use crate::format::files::open_regular;
 use crate::model::{HashParams, RowFormat};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -14,6 +17,10 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const META_FILE: &str = "table.json";
 /// Name of the row file in a table directory.
 pub const ROWS_FILE: &str = "table.rows";
+
+/// Largest row file: 2^48 bytes (256 TiB), so every byte offset fits an `i64` / `off_t` and a
+/// row id times `row_bytes` never overflows.
+pub const MAX_FILE_BYTES: u64 = 1 << 48;
 
 /// Where the table came from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,8 +109,8 @@ impl TableMeta {
                 self.heads_per_ngram, self.hash.heads_per_ngram
             ));
         }
-        let heads = (self.ngram_size.saturating_sub(1)) * self.heads_per_ngram;
-        if self.num_heads != heads {
+        let heads = crate::model::heads_of(self.ngram_size, self.heads_per_ngram);
+        if self.num_heads as u64 != heads {
             return bad(format!(
                 "num_heads is {}, expected (ngram_size-1)*heads_per_ngram = {heads}",
                 self.num_heads
@@ -148,6 +155,12 @@ impl TableMeta {
                 self.global_scale
             ));
         }
+        if self.checked_file_bytes().is_none_or(|b| b > MAX_FILE_BYTES) {
+            return bad(format!(
+                "total_rows {} × row_bytes {} is more than the {MAX_FILE_BYTES} bytes a row file may have",
+                self.total_rows, self.row_bytes
+            ));
+        }
         if self.rows_file.is_empty()
             || self.rows_file.contains('/')
             || self.rows_file.starts_with('.')
@@ -160,9 +173,16 @@ impl TableMeta {
         Ok(())
     }
 
-    /// Bytes the row file must have.
+    /// Bytes the row file must have: `total_rows × row_bytes`, `None` when that overflows 64
+    /// bits (such metadata does not validate).
+    pub fn checked_file_bytes(&self) -> Option<u64> {
+        self.total_rows.checked_mul(self.row_bytes as u64)
+    }
+
+    /// Bytes the row file must have. Exact for validated metadata (whose product is at most
+    /// [`MAX_FILE_BYTES`]); saturates at `u64::MAX` for metadata that would not validate.
     pub fn file_bytes(&self) -> u64 {
-        self.total_rows * self.row_bytes as u64
+        self.total_rows.saturating_mul(self.row_bytes as u64)
     }
 
     /// Parses and validates metadata JSON text.
@@ -194,61 +214,28 @@ pub struct Table {
 }
 
 impl Table {
-    /// Opens and validates the libple table in `dir`.
-    pub fn open(dir: &Path, opts: &TableOpenOptions) -> Result<Table> {
-        let meta_path = dir.join(META_FILE);
-        if !dir.is_dir() {
-            return Err(Error::io_path(
-                "opening table directory",
-                dir,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory"),
-            ));
-        }
-        if !meta_path.exists() {
-            if let Some((rows, json)) = find_python_table(dir)? {
-                let meta = python_table_meta(dir, &rows, &json, opts)?;
-                let t = Table::open_with_meta(dir, meta)?;
-                if let Some(ck) = &opts.checkpoint_dir {
-                    t.check_source(ck)?;
-                }
-                return Ok(t);
-            }
-            return Err(Error::Format(format!(
-                "{} holds no packed table: {META_FILE} is missing and there is no <name>{PY_ROWS_SUFFIX} with <name>{PY_ROWS_SUFFIX}.json (pack a checkpoint with `ple pack`)",
-                dir.display()
-            )));
-        }
-        let text = std::fs::read_to_string(&meta_path)
-            .map_err(|e| Error::io_path("reading", &meta_path, e))?;
-        let meta = TableMeta::from_json(&text, &meta_path)?;
-        let t = Table::open_with_meta(dir, meta)?;
-        if let Some(ck) = &opts.checkpoint_dir {
-            t.check_source(ck)?;
-        }
-        Ok(t)
-    }
-
     /// Maps the row file named by `meta` in `dir`, checking its size.
     pub fn open_with_meta(dir: &Path, meta: TableMeta) -> Result<Table> {
         meta.validate()?;
         let rows_path = dir.join(&meta.rows_file);
-        let file = File::open(&rows_path)
-            .map_err(|e| Error::io_path("opening row file", &rows_path, e))?;
-        let size = file
-            .metadata()
-            .map_err(|e| Error::io_path("stat", &rows_path, e))?
-            .len();
-        if size != meta.file_bytes() {
+        let (file, size) = open_regular(&rows_path)?;
+        let want = meta.file_bytes();
+        if size != want {
             return Err(Error::Format(format!(
                 "{}: file size is {size} bytes, metadata says total_rows {} × row_bytes {} = {} (truncated or wrong file)",
                 rows_path.display(),
                 meta.total_rows,
                 meta.row_bytes,
-                meta.file_bytes()
+                want
             )));
         }
-        // SAFETY: the mapping is read-only; the packer never modifies a published file in place
-        // (it writes a new file and renames it), so the bytes under this mapping do not change.
+        // SAFETY: `file` is a regular file (checked by `open_regular`) of exactly `size` bytes,
+        // mapped read-only and private to this `Table`, which owns both the file and the map.
+        // The bytes are only read through `&[u8]` borrows of `self`, never written. libple's
+        // packer never modifies a published row file in place (it writes a new file and renames
+        // it over the old name), so a concurrent repack leaves this mapping's bytes unchanged.
+        // A third party truncating the file would raise SIGBUS on access: that is outside what
+        // any mmap-based reader can defend against and is documented in docs/FORMAT.md.
         let map = unsafe { memmap2::MmapOptions::new().map(&file) }
             .map_err(|e| Error::io_path("mmap", &rows_path, e))?;
         map.advise(memmap2::Advice::Random)
@@ -264,7 +251,7 @@ impl Table {
 
     /// Refuses the table unless it was packed from the checkpoint in `ck`.
     pub fn check_source(&self, ck: &Path) -> Result<()> {
-        let fp = crate::format::checkpoint::fingerprint(ck)?;
+        let fp = crate::format::fingerprint::fingerprint(ck)?;
         if fp != self.meta.source.fingerprint {
             return Err(Error::Format(format!(
                 "table {} was packed from '{}' (fingerprint {}), not from {} (fingerprint {fp})",
@@ -308,293 +295,10 @@ impl Table {
     /// Row `r` (panics if `r >= total_rows`; row ids from the hasher are always in range).
     pub fn row(&self, r: u64) -> &[u8] {
         let rb = self.row_bytes();
+        // r < total_rows, and total_rows × row_bytes ≤ MAX_FILE_BYTES (validated): no overflow.
         let o = r as usize * rb;
         &self.map[o..o + rb]
     }
-}
-
-/// Suffix of a row file made by the Python tool (`<name>.packed_u8`, metadata in `<name>.packed_u8.json`).
-pub const PY_ROWS_SUFFIX: &str = ".packed_u8";
-
-/// Looks for a Python-tool table in `dir`: exactly one `<name>.packed_u8` with its `.json`.
-fn find_python_table(dir: &Path) -> Result<Option<(PathBuf, PathBuf)>> {
-    let rd = std::fs::read_dir(dir).map_err(|e| Error::io_path("listing", dir, e))?;
-    let mut found = Vec::new();
-    let mut orphans = Vec::new();
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.ends_with(PY_ROWS_SUFFIX) && !name.starts_with('.') {
-            let json = dir.join(format!("{name}.json"));
-            if json.is_file() {
-                found.push((e.path(), json));
-            } else {
-                orphans.push(name);
-            }
-        }
-    }
-    found.sort();
-    match found.len() {
-        0 if !orphans.is_empty() => Err(Error::Format(format!(
-            "{}: {} has no metadata file {}.json (incomplete Python-tool table)",
-            dir.display(),
-            orphans[0],
-            orphans[0]
-        ))),
-        0 => Ok(None),
-        1 => Ok(found.pop()),
-        _ => Err(Error::Format(format!(
-            "{}: several Python-tool tables ({}); open a directory holding one",
-            dir.display(),
-            found
-                .iter()
-                .map(|(p, _)| p
-                    .file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into_owned())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
-    }
-}
-
-/// The row format a Python-tool dtype/format string names.
-fn python_format_hint(s: &str) -> Option<RowFormat> {
-    match s.to_ascii_lowercase().as_str() {
-        "u8" | "uint8" | "nvfp4" => Some(RowFormat::Nvfp4),
-        "f8_e4m3" | "fp8" | "fp8_e4m3" | "float8_e4m3fn" | "e4m3" => Some(RowFormat::Fp8),
-        "bf16" | "bfloat16" => Some(RowFormat::Bf16),
-        _ => None,
-    }
-}
-
-/// Converts a Python-tool table's JSON (`rows_per_shard, num_shards, row_width, codes_width,
-/// scales_width, total_rows, snapshot`; optionally `shard_dtype`/`storage_dtype`/`dtype`/
-/// `row_format`/`kind` and `global_scale`) into [`TableMeta`].
-///
-/// The Python tool stores neither the hash parameters nor the global scale; they come from the
-/// checkpoint. The rule:
-/// 1. The checkpoint is `opts.checkpoint_dir`, else the directory of the config.json in use
-///    (`opts.config_json_path`, else `config.json` beside the table) when it holds safetensors
-///    (`model.safetensors.index.json` or `model.safetensors`).
-/// 2. With a checkpoint: its hash parameters (hash tensors and/or config.json, checked as when
-///    packing), its global scale and its fingerprint are used; the table's `snapshot` must equal
-///    the checkpoint's directory name and its shape (format, rows_per_shard, num_shards) must
-///    match, else the table is refused as packed from another checkpoint.
-/// 3. Without one: hash parameters derived from config.json (missing → Format error); the global
-///    scale from a `global_scale` number in the table's JSON (1.0 for bf16), else a Format error
-///    asking for the checkpoint. The source fingerprint is then empty (unknown).
-///
-/// A `global_scale` in the JSON and the checkpoint's must agree.
-fn python_table_meta(
-    dir: &Path,
-    rows: &Path,
-    json: &Path,
-    opts: &TableOpenOptions,
-) -> Result<TableMeta> {
-    let jd = json.display();
-    let text = std::fs::read_to_string(json).map_err(|e| Error::io_path("reading", json, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Format(format!("{jd}: invalid JSON: {e}")))?;
-    let int = |k: &str| -> Result<u64> {
-        v.get(k).and_then(|x| x.as_u64()).ok_or_else(|| {
-            Error::Format(format!(
-                "{jd}: field '{k}' is missing or not a non-negative integer"
-            ))
-        })
-    };
-    let rows_per_shard = int("rows_per_shard")?;
-    let num_shards = u32::try_from(int("num_shards")?)
-        .map_err(|_| Error::Format(format!("{jd}: num_shards too large")))?;
-    let row_width = int("row_width")?;
-    let codes_width = int("codes_width")?;
-    let scales_width = int("scales_width")?;
-    let total_rows = int("total_rows")?;
-    let snapshot = v
-        .get("snapshot")
-        .and_then(|x| x.as_str())
-        .ok_or_else(|| Error::Format(format!("{jd}: field 'snapshot' is missing or not a string")))?
-        .to_string();
-    if codes_width.checked_add(scales_width) != Some(row_width) || row_width > u32::MAX as u64 {
-        return Err(Error::Format(format!(
-            "{jd}: row_width {row_width} != codes_width {codes_width} + scales_width {scales_width}"
-        )));
-    }
-    let json_scale = match v.get("global_scale") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(x) => Some(
-            x.as_f64()
-                .ok_or_else(|| Error::Format(format!("{jd}: global_scale {x} is not a number")))?
-                as f32,
-        ),
-    };
-
-    // Where config.json and the checkpoint are.
-    let config_path = opts
-        .config_json_path
-        .clone()
-        .unwrap_or_else(|| dir.join(crate::format::checkpoint::CONFIG_FILE));
-    let ck_dir = opts.checkpoint_dir.clone().or_else(|| {
-        let d = config_path.parent()?;
-        (d.join(crate::format::checkpoint::INDEX_FILE).is_file()
-            || d.join(crate::format::checkpoint::SINGLE_FILE).is_file())
-        .then(|| d.to_path_buf())
-    });
-    let config = if config_path.is_file() {
-        Some(crate::format::checkpoint::read_config(&config_path)?)
-    } else if ck_dir.is_none() {
-        return Err(Error::Format(format!(
-            "{} is a Python-tool table ({}), which carries no hash parameters, and there is no config.json at {}: pass the checkpoint's config.json (config_json_path, `--config`)",
-            dir.display(),
-            rows.file_name().unwrap_or_default().to_string_lossy(),
-            config_path.display()
-        )));
-    } else {
-        None
-    };
-    let ck = match &ck_dir {
-        Some(d) => Some(crate::format::checkpoint::Checkpoint::open(d)?),
-        None => None,
-    };
-    let cfg = match (&config, &ck) {
-        (Some(c), _) => c.clone(),
-        (None, Some(k)) => k.config.clone().unwrap_or_default(),
-        (None, None) => unreachable!("checked above"),
-    };
-    let hd = cfg.head_dim();
-
-    // Row format: dtype/format hints, else the widths.
-    let mut hint: Option<(&str, RowFormat)> = None;
-    for k in [
-        "shard_dtype",
-        "storage_dtype",
-        "dtype",
-        "row_format",
-        "kind",
-    ] {
-        if let Some(s) = v.get(k).and_then(|x| x.as_str()) {
-            let f = python_format_hint(s).ok_or_else(|| {
-                Error::Format(format!("{jd}: {k} '{s}' is not a known PLE storage format"))
-            })?;
-            if let Some((k0, f0)) = hint
-                && f0 != f
-            {
-                return Err(Error::Format(format!(
-                    "{jd}: {k0} says {} but {k} '{s}' says {}",
-                    f0.name(),
-                    f.name()
-                )));
-            }
-            hint = Some((k, f));
-        }
-    }
-    let widths = |f: RowFormat| (f.code_bytes(hd) as u64, f.scale_bytes(hd) as u64);
-    let format = match hint {
-        Some((_, f)) => f,
-        None => [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16]
-            .into_iter()
-            .find(|&f| widths(f) == (codes_width, scales_width))
-            .ok_or_else(|| {
-                Error::Format(format!(
-                    "{jd}: codes_width {codes_width} + scales_width {scales_width} match no row format for head_dim {hd}"
-                ))
-            })?,
-    };
-    if widths(format) != (codes_width, scales_width) {
-        return Err(Error::Format(format!(
-            "{jd}: a {} row of head_dim {hd} has codes_width {} and scales_width {}, the table says {codes_width} and {scales_width}",
-            format.name(),
-            widths(format).0,
-            widths(format).1
-        )));
-    }
-
-    let (hash, global_scale, fingerprint) = match &ck {
-        Some(k) => {
-            if k.name != snapshot {
-                return Err(Error::Format(format!(
-                    "{} was packed from snapshot '{snapshot}', not from checkpoint {} ('{}')",
-                    rows.display(),
-                    k.dir.display(),
-                    k.name
-                )));
-            }
-            if k.format != format
-                || k.rows_per_shard != rows_per_shard
-                || k.num_shards != num_shards
-            {
-                return Err(Error::Format(format!(
-                    "{}: {num_shards} × {rows_per_shard} rows of {} do not match checkpoint {} ({} × {} rows of {})",
-                    rows.display(),
-                    format.name(),
-                    k.dir.display(),
-                    k.num_shards,
-                    k.rows_per_shard,
-                    k.format.name()
-                )));
-            }
-            if let Some(c) = &config
-                && HashParams::derive(c) != k.hash
-            {
-                return Err(Error::Format(format!(
-                    "{} derives other hash parameters than checkpoint {} holds",
-                    config_path.display(),
-                    k.dir.display()
-                )));
-            }
-            if let Some(s) = json_scale
-                && s != k.global_scale
-            {
-                return Err(Error::Format(format!(
-                    "{jd}: global_scale {s} differs from the checkpoint's {}",
-                    k.global_scale
-                )));
-            }
-            (k.hash.clone(), k.global_scale, k.fingerprint.clone())
-        }
-        None => {
-            let scale = match (json_scale, format) {
-                (Some(s), _) => s,
-                (None, RowFormat::Bf16) => 1.0,
-                (None, f) => {
-                    return Err(Error::Format(format!(
-                        "{}: a {} Python-tool table does not store its global scale: use the config.json inside the checkpoint directory (the scale is then read from the safetensors), pass checkpoint_dir, or add \"global_scale\": <value> to {jd}",
-                        dir.display(),
-                        f.name()
-                    )));
-                }
-            };
-            (HashParams::derive(&cfg), scale, String::new())
-        }
-    };
-    let meta = TableMeta {
-        format_version: FORMAT_VERSION,
-        row_format: format,
-        row_bytes: row_width as u32,
-        code_bytes: codes_width as u32,
-        scale_bytes: scales_width as u32,
-        total_rows,
-        rows_per_shard,
-        num_shards,
-        head_dim: hd as u32,
-        num_heads: cfg.num_heads() as u32,
-        ngram_size: hash.ngram_size,
-        heads_per_ngram: hash.heads_per_ngram,
-        global_scale,
-        hash,
-        source: SourceInfo {
-            name: snapshot,
-            fingerprint,
-        },
-        rows_file: rows
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned(),
-    };
-    meta.validate()
-        .map_err(|e| Error::Format(format!("{jd}: {e}")))?;
-    Ok(meta)
 }
 
 /// Facts about an open table (what `ple_table_info` reports).
@@ -647,5 +351,153 @@ pub fn table_info(t: &Table) -> TableInfo {
         device_wait_supported: false,
         source_name: m.source.name.clone(),
         source_fingerprint: m.source.fingerprint.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelConfig;
+    use crate::synth;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A small FP8 table (32,000-odd rows) in a fresh directory.
+    fn small_table() -> (tempfile::TempDir, TableMeta) {
+        let d = tempfile::tempdir().unwrap();
+        let m =
+            synth::write_table(d.path(), RowFormat::Fp8, &synth::small_config(2000, 4), 7).unwrap();
+        (d, m)
+    }
+
+    fn write_meta(dir: &Path, m: &TableMeta) {
+        std::fs::write(dir.join(META_FILE), serde_json::to_string(m).unwrap()).unwrap();
+    }
+
+    /// Opens `dir` on another thread; fails the test if that takes longer than 10 s (a blocking
+    /// open of a FIFO would never return).
+    fn open_within_10s(dir: &Path, opts: TableOpenOptions) -> Result<()> {
+        let (tx, rx) = mpsc::channel();
+        let dir = dir.to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send(Table::open(&dir, &opts).map(|_| ()));
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("Table::open hung (blocked on a FIFO?)")
+    }
+
+    fn mkfifo(p: &Path) {
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+
+    #[test]
+    fn a_size_product_that_wraps_to_the_file_size_is_refused() {
+        let (d, m) = small_table();
+        let file = std::fs::metadata(d.path().join(ROWS_FILE)).unwrap().len();
+        assert_eq!(file, m.total_rows * 160);
+        // 5 × 2^64 is a multiple of 160, so total_rows = rows + 2^59 gives
+        // total_rows × 160 ≡ file (mod 2^64): a wrapping product would match the file size.
+        let mut bad = m.clone();
+        bad.total_rows = m.total_rows + (1u64 << 59);
+        assert_eq!(bad.total_rows.wrapping_mul(160), file);
+        bad.rows_per_shard = bad.total_rows;
+        bad.num_shards = 1;
+        // huge heads, "addressed" by the huge row count
+        bad.hash.head_sizes = vec![1 << 39; 16];
+        bad.hash.offsets = (0..16).map(|h| h << 39).collect();
+        assert!(bad.hash.validate().is_ok());
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("more than the"), "{e}");
+        write_meta(d.path(), &bad);
+        let e = Table::open(d.path(), &Default::default())
+            .err()
+            .expect("refused");
+        assert!(matches!(e, Error::Format(_)), "{e}");
+    }
+
+    #[test]
+    fn heads_per_ngram_that_would_wrap_to_16_is_refused() {
+        let (d, m) = small_table();
+        let mut bad = m.clone();
+        // (3 - 1) × (2^31 + 8) = 2^32 + 16, which 32-bit arithmetic wraps to 16
+        bad.heads_per_ngram = (1 << 31) + 8;
+        bad.hash.heads_per_ngram = bad.heads_per_ngram;
+        assert_eq!(2u32.wrapping_mul(bad.heads_per_ngram), 16);
+        let e = bad.hash.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("heads_per_ngram 2147483656 not in [1, 1024]"),
+            "{e}"
+        );
+        assert!(bad.validate().is_err());
+        write_meta(d.path(), &bad);
+        assert!(Table::open(d.path(), &Default::default()).is_err());
+        // and the same through config.json
+        let mut v = serde_json::to_value(ModelConfig::default()).unwrap();
+        v["heads_per_ngram"] = serde_json::json!(2147483656u64);
+        let e = ModelConfig::from_config_json(&v).unwrap_err().to_string();
+        assert!(e.contains("heads_per_ngram"), "{e}");
+    }
+
+    #[test]
+    fn fifo_metadata_or_rows_is_an_error_not_a_hang() {
+        let (d, m) = small_table();
+        std::fs::remove_file(d.path().join(META_FILE)).unwrap();
+        mkfifo(&d.path().join(META_FILE));
+        let e = open_within_10s(d.path(), Default::default()).unwrap_err();
+        assert!(e.to_string().contains("is a FIFO"), "{e}");
+        std::fs::remove_file(d.path().join(META_FILE)).unwrap();
+        write_meta(d.path(), &m);
+        std::fs::remove_file(d.path().join(ROWS_FILE)).unwrap();
+        mkfifo(&d.path().join(ROWS_FILE));
+        let e = open_within_10s(d.path(), Default::default()).unwrap_err();
+        assert!(e.to_string().contains("is a FIFO"), "{e}");
+    }
+
+    #[test]
+    fn metadata_is_read_with_a_size_cap() {
+        let (d, m) = small_table();
+        std::fs::remove_file(d.path().join(META_FILE)).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.path().join(META_FILE)).unwrap();
+        let e = open_within_10s(d.path(), Default::default()).unwrap_err();
+        assert!(e.to_string().contains("character device"), "{e}");
+        // valid JSON padded past the cap
+        std::fs::remove_file(d.path().join(META_FILE)).unwrap();
+        let mut text = serde_json::to_string(&m).unwrap();
+        text.push_str(&" ".repeat(crate::format::files::MAX_TABLE_META as usize));
+        std::fs::write(d.path().join(META_FILE), text).unwrap();
+        let e = open_within_10s(d.path(), Default::default()).unwrap_err();
+        assert!(e.to_string().contains("more than the"), "{e}");
+    }
+
+    #[test]
+    fn empty_paths_are_invalid_arguments() {
+        let (d, _) = small_table();
+        let opts = TableOpenOptions {
+            checkpoint_dir: Some(PathBuf::new()),
+            ..Default::default()
+        };
+        let e = Table::open(d.path(), &opts).err().expect("refused");
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("checkpoint_dir"), "{e}");
+        let opts = TableOpenOptions {
+            config_json_path: Some(PathBuf::new()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            Table::open(d.path(), &opts),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            Table::open(Path::new(""), &Default::default()),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            crate::format::checkpoint::Checkpoint::open(Path::new("")),
+            Err(Error::InvalidArgument(_))
+        ));
+        // a table that opens is unchanged by all this
+        assert!(Table::open(d.path(), &Default::default()).is_ok());
     }
 }

@@ -1,4 +1,4 @@
-//! The row gather (SPEC §7): rows of the mapped table → a staging buffer laid out exactly
+//! The row gather: rows of the mapped table → a staging buffer laid out exactly
 //! `[tokens][16][row_bytes]` — row `i` of the id list lands at byte `i * row_bytes`, so token `t`'s
 //! 16 rows start at `t * 16 * row_bytes`. No padding, no other stride.
 

@@ -1,4 +1,5 @@
-//! Page sets and WILLNEED prefetch (SPEC §7).
+//! Page sets and WILLNEED prefetch: a batch's row pages (a row can straddle two), deduplicated,
+//! sorted and coalesced, advised WILLNEED before the gather so the SSD sees them at queue depth.
 //!
 //! A step's rows are known before they are read, so the worker computes every row's first and last
 //! 4 KiB page (a row can straddle two), dedupes and sorts them, coalesces neighbours into ranges and

@@ -1,5 +1,5 @@
 //! Request context: batch validation, stateless context and tracked per-request history
-//! (SPEC §3, invariants 1–3).
+//! (`docs/FORMAT.md#the-n-gram-hash`, the context rule and its invariants 1–3).
 //!
 //! The context of the token at position `p` of a sequence `t` is, for `k = 1 ..= ngram_size - 1`,
 //! `ctx_k = t[p-k]` if `p-k >= s`, else EOS, where `s` is one past the last EOS strictly before `p`

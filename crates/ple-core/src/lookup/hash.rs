@@ -1,4 +1,4 @@
-//! N-gram row ids (SPEC §3), bit-exact with the reference model.
+//! N-gram row ids (`docs/FORMAT.md#the-n-gram-hash`), bit-exact with the reference model.
 //!
 //! For the token `t` at position `p` with context `ctx[k-1] = ctx_k` (already EOS-cut by
 //! [`crate::lookup::context`]), the order-`k+1` mix is
@@ -113,16 +113,6 @@ impl Hasher {
     #[inline]
     pub fn context_len(&self) -> usize {
         self.ctx_len
-    }
-
-    /// The EOS (and BOS) token id.
-    pub fn eos(&self) -> i32 {
-        self.params.eos_token_id
-    }
-
-    /// The vocabulary size; tokens must lie in `[0, vocab_size)`.
-    pub fn vocab_size(&self) -> u32 {
-        self.params.vocab_size
     }
 
     #[inline(always)]
@@ -268,7 +258,7 @@ mod tests {
         assert_eq!(batch, want);
     }
 
-    /// The test vector recomputed by hand from the SPEC's published constants (not from
+    /// The test vector recomputed by hand from the published constants of docs/FORMAT.md (not from
     /// `HashParams::derive`), so the hash formula is checked independently of the derivation.
     #[test]
     fn spec_formula_by_hand() {

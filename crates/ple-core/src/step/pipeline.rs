@@ -1,4 +1,5 @@
-//! The step pipeline: submit → (worker) hash, prefetch, gather, copy → done = seq → wait (SPEC §7–§8).
+//! The step pipeline: submit → (worker) hash, prefetch, gather, copy → done = seq → wait
+//! (`docs/FORMAT.md#the-cpu-gpu-handshake`).
 //!
 //! # GPU mode (`cuda_device >= 0`)
 //! `open` creates a [`GpuSide`] (no driver: `Error::CudaUnavailable`, before any thread starts;

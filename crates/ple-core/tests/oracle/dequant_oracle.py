@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent oracle for libple's CPU dequantisation (SPEC §5), bit for bit.
+"""Independent oracle for libple's CPU dequantisation (docs/FORMAT.md#row-formats-and-dequantisation), bit for bit.
 
 Usage: dequant_oracle.py CASES_DIR
 
@@ -39,7 +39,7 @@ UINT = {"f32": np.uint32, "f16": np.uint16, "bf16": np.uint16}
 
 
 def values(fmt, rows, scale):
-    """rows: (n_rows, row_bytes) uint8 -> (n_rows, 160) float32, per SPEC §5."""
+    """rows: (n_rows, row_bytes) uint8 -> (n_rows, 160) float32, per docs/FORMAT.md#row-formats-and-dequantisation."""
     n = rows.shape[0]
     g = np.float32(scale)
     if fmt == "nvfp4":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Independent oracle for libple's n-gram row ids (SPEC §3), written from the SPEC alone.
+"""Independent oracle for libple's n-gram row ids (docs/FORMAT.md#the-n-gram-hash), written from that page alone.
 
-    hash_oracle.py --self-test     check this oracle against the SPEC's published constants
+    hash_oracle.py --self-test     check this oracle against the published constants of docs/FORMAT.md
     hash_oracle.py DUMP.json       recompute every id in a dump written by tests/hash_oracle.rs and
                                    exit non-zero on the first mismatch
 
@@ -61,7 +61,7 @@ def is_prime(n):
 
 
 def derive(cfg):
-    """(multipliers, head_sizes, offsets) from the model constants, as SPEC §3 states."""
+    """(multipliers, head_sizes, offsets) from the model constants, as docs/FORMAT.md#the-n-gram-hash states."""
     vocab, n, hpn = cfg["vocab_size"], cfg["ngram_size"], cfg["heads_per_ngram"]
     half = max(1, ((2**63 - 1) // vocab) // 2)
     base = cfg["seed"] + 10007 * cfg["ple_layer_index"]
@@ -165,7 +165,7 @@ def main(argv):
         return 2
     if argv[1] == "--self-test":
         self_test()
-        print("hash oracle self-test: SPEC constants, test vector and context rule agree")
+        print("hash oracle self-test: published constants, test vector and context rule agree")
         return 0
     self_test()
     return check_dump(argv[1])

@@ -1,4 +1,4 @@
-"""pytest: the Python hash oracle against the SPEC, then the library against the oracle.
+"""pytest: the Python hash oracle against docs/FORMAT.md, then the library against the oracle.
 
 Run from the repository root: `python3 -m pytest tests/oracle`. The library comparison builds and
 runs the Rust test `tests/hash_oracle.rs` (which writes its ids to a dump) and checks the dump here.
@@ -46,7 +46,7 @@ def test_context_rule():
 
 
 def test_context_rule_matches_walk_back():
-    """The vectorised rule equals the SPEC's other phrasing: walk back, stop at the first EOS."""
+    """The vectorised rule equals docs/FORMAT.md's other phrasing: walk back, stop at the first EOS."""
     rng = np.random.default_rng(7)
     for _ in range(300):
         seq = rng.choice([EOS, 1, 2, 3, 248_319], size=int(rng.integers(1, 30))).tolist()

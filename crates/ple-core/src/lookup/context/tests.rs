@@ -1,4 +1,4 @@
-//! Tests of the context rules: hand-written expectations, error cases, and the SPEC §3
+//! Tests of the context rules: hand-written expectations, error cases, and the `docs/FORMAT.md#the-n-gram-hash`
 //! invariants as properties against a plain whole-sequence reference.
 
 use super::*;
@@ -12,7 +12,7 @@ fn hasher() -> Hasher {
     Hasher::new(&HashParams::derive(&ModelConfig::default())).unwrap()
 }
 
-/// SPEC §3 taken literally on a whole sequence: s = one past the last EOS strictly before p;
+/// The context rule of `docs/FORMAT.md#the-n-gram-hash` taken literally on a whole sequence: s = one past the last EOS strictly before p;
 /// ctx_k = t[p-k] if p-k >= s else EOS; ids with the plain-% reference.
 fn reference_ids(h: &Hasher, seq: &[i32]) -> Vec<u64> {
     let k = h.context_len();
@@ -436,7 +436,7 @@ fn empty_spans_are_harmless() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Properties (SPEC §3 invariants)
+// Properties (the context invariants of docs/FORMAT.md#the-n-gram-hash)
 // ---------------------------------------------------------------------------------------------
 
 /// Token streams with EOS sprinkled in and small ids that repeat.
