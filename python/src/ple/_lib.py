@@ -52,6 +52,7 @@ class ple_options(Structure):
         ("wait_mode", c_int32),
         ("config_json_path", c_char_p),
         ("checkpoint_dir", c_char_p),
+        ("cache_bytes", c_uint64),
     ]
 
 
@@ -108,6 +109,7 @@ COUNTER_FIELDS = [
     "minor_faults", "storage_read_bytes", "hash_ns", "prefetch_ns", "gather_ns", "copy_ns",
     "wait_ns", "prefill_step_ns", "decode_step_ns", "timeouts", "failed_steps",
     "resident_pages", "table_pages", "mem_available_bytes", "queue_ns",
+    "cache_hits", "cache_misses", "cache_bytes_used",
 ]  # fmt: skip
 
 
