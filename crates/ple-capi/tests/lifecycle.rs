@@ -4,6 +4,8 @@
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod common;
+
 use ple::*;
 use std::ffi::CString;
 use std::time::{Duration, Instant};
@@ -58,15 +60,7 @@ fn cycle(dir: &CString, mode: usize) {
 #[test]
 fn open_close_cycles_leak_no_fds_or_mappings() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let d = tempfile::tempdir().unwrap();
-    ple_testkit::synth::write_table(
-        d.path(),
-        ple_core::model::RowFormat::Nvfp4,
-        &ple_testkit::synth::small_config(1000, 4),
-        3,
-    )
-    .unwrap();
-    let dir = CString::new(d.path().to_str().unwrap()).unwrap();
+    let (_d, dir) = common::table();
     // warm up: thread stacks cached by the C library, logger, lazy statics
     for i in 0..20 {
         cycle(&dir, i % 3);
@@ -97,15 +91,7 @@ fn cuda_device_without_a_driver_is_cuda_unavailable() {
         eprintln!("a CUDA driver loads here: not checking the no-driver error");
         return;
     }
-    let d = tempfile::tempdir().unwrap();
-    ple_testkit::synth::write_table(
-        d.path(),
-        ple_core::model::RowFormat::Nvfp4,
-        &ple_testkit::synth::small_config(1000, 4),
-        3,
-    )
-    .unwrap();
-    let dir = CString::new(d.path().to_str().unwrap()).unwrap();
+    let (_d, dir) = common::table();
     // SAFETY: valid options, C string and out pointer for the calls below.
     unsafe {
         let mut o: ple_options = std::mem::zeroed();

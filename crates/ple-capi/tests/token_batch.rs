@@ -7,21 +7,16 @@ use std::ffi::{CStr, CString};
 
 const H: usize = 16;
 
+mod common;
+
+/// The generated table of `common::table` and its path.
 struct Table {
     _dir: tempfile::TempDir,
     path: CString,
 }
 
 fn table() -> Table {
-    let d = tempfile::tempdir().unwrap();
-    ple_testkit::synth::write_table(
-        d.path(),
-        ple_core::model::RowFormat::Nvfp4,
-        &ple_testkit::synth::small_config(1000, 4),
-        3,
-    )
-    .unwrap();
-    let path = CString::new(d.path().to_str().unwrap()).unwrap();
+    let (d, path) = common::table();
     Table { _dir: d, path }
 }
 
