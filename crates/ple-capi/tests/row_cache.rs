@@ -9,17 +9,20 @@ struct Handle(*mut ple_handle);
 
 impl Drop for Handle {
     fn drop(&mut self) {
+        // SAFETY: the handle came from ple_open and is closed once, here.
         unsafe { ple_close(self.0) };
     }
 }
 
 fn last_error() -> String {
+    // SAFETY: ple_last_error_message returns a NUL-terminated string valid until the next libple call on this thread.
     unsafe { CStr::from_ptr(ple_last_error_message()) }
         .to_string_lossy()
         .into_owned()
 }
 
 fn open(dir: &CString, cache_bytes: u64) -> Result<Handle, (ple_status, String)> {
+    // SAFETY: ple_options is plain data filled by ple_options_default; the path and out pointer are valid for the call.
     unsafe {
         let mut o: ple_options = std::mem::zeroed();
         assert_eq!(ple_options_default(&mut o), PLE_OK);
@@ -37,8 +40,10 @@ fn open(dir: &CString, cache_bytes: u64) -> Result<Handle, (ple_status, String)>
 }
 
 fn stats(h: &Handle) -> ple_stats {
+    // SAFETY: ple_stats (the C struct) is plain integers: all-zero is a valid value.
     let mut s: ple_stats = unsafe { std::mem::zeroed() };
     s.struct_size = std::mem::size_of::<ple_stats>();
+    // SAFETY: `h` is open and `s` a writable ple_counters with struct_size set.
     assert_eq!(unsafe { ple_stats(h.0, &mut s) }, PLE_OK);
     s
 }
@@ -120,6 +125,7 @@ fn rows_through_the_cache_equal_rows_without_it() {
             for st in &steps {
                 seq += 1;
                 let b = st.batch();
+                // SAFETY: the batch borrows `st`, alive across the calls; both handles are open.
                 unsafe {
                     assert_eq!(ple_submit(h.0, &b, seq), PLE_OK, "{}", last_error());
                     assert_eq!(ple_submit(plain.0, &b, seq), PLE_OK);
@@ -129,6 +135,7 @@ fn rows_through_the_cache_equal_rows_without_it() {
                 let s = first + i as u64;
                 let n = st.tokens.len();
                 rows_total += (n * 16) as u64;
+                // SAFETY: the out pointers are valid locals; the row views are read before their steps are consumed.
                 unsafe {
                     let (mut p1, mut p2) = (std::ptr::null(), std::ptr::null());
                     let (mut n1, mut n2) = (0u32, 0u32);
@@ -190,6 +197,7 @@ fn cache_bytes_errors_and_older_callers() {
         assert!(m.contains("cache_bytes"), "{m}");
     }
     // a caller compiled before cache_bytes was appended: its struct ends before the field
+    // SAFETY: ple_options is plain data filled by ple_options_default; the path and out pointer are valid for the call.
     unsafe {
         let mut o: ple_options = std::mem::zeroed();
         assert_eq!(ple_options_default(&mut o), PLE_OK);

@@ -21,6 +21,7 @@ fn table() -> Table {
 }
 
 fn open(t: &Table) -> *mut ple_handle {
+    // SAFETY: ple_options is plain data filled by ple_options_default; the path and out pointer are valid for the call.
     unsafe {
         let mut o: ple_options = std::mem::zeroed();
         assert_eq!(ple_options_default(&mut o), PLE_OK);
@@ -33,6 +34,7 @@ fn open(t: &Table) -> *mut ple_handle {
 }
 
 fn last_error() -> String {
+    // SAFETY: ple_last_error_message returns a NUL-terminated string valid until the next libple call on this thread.
     unsafe { CStr::from_ptr(ple_last_error_message()) }
         .to_string_lossy()
         .into_owned()
@@ -124,6 +126,7 @@ fn per_token_rows_and_ids_come_in_callers_order() {
     for (i, s) in steps.iter().enumerate() {
         let seq = i as u64 + 1;
         let n = s.tokens.len();
+        // SAFETY: the batches borrow `s`, which outlives the calls; the id and row buffers hold what each call writes.
         unsafe {
             let (bo, bt) = (s.offsets(), s.per_token());
             let mut ido = vec![0i64; n * H];
@@ -167,6 +170,7 @@ fn per_token_rows_and_ids_come_in_callers_order() {
             }
         }
     }
+    // SAFETY: both handles came from ple_open and are closed once.
     unsafe {
         ple_close(ho);
         ple_close(ht);
@@ -178,6 +182,7 @@ fn bad_per_token_batches_are_refused() {
     let t = table();
     let h = open(&t);
     let s = Step::new(&[(7, 0, &[11, 12, 13])], &[0, 1, 2]);
+    // SAFETY: the batch borrows `s`, alive across the calls; `h` is an open handle.
     unsafe {
         let mut b = s.per_token();
         b.struct_size = 8;

@@ -110,7 +110,10 @@ fn init_bytes(dtype: Dtype, n: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the flat argument list the callers already hold"
+)]
 fn run_lib(
     format: RowFormat,
     scale: f32,

@@ -149,7 +149,10 @@ pub fn write_sparse_full_table(dir: &Path, format: RowFormat) -> Result<TableMet
     Ok(meta)
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the flat argument list the callers already hold"
+)]
 fn table_meta(
     format: RowFormat,
     cfg: &ModelConfig,

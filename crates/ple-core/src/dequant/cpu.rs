@@ -292,7 +292,10 @@ const TOKENS_PER_TASK: usize = 32;
 /// Dequantises `num_tokens` tokens of `rows` (`[tokens][16][row_bytes]`) into `out` with row
 /// stride `stride` elements (see the module doc for the rule). `out` must hold at least
 /// `(num_tokens - 1) * stride + 2560` elements.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the flat argument list the callers already hold"
+)]
 pub fn dequant_rows(
     format: RowFormat,
     global_scale: f32,
@@ -382,7 +385,10 @@ pub fn dequant_rows(
 /// `out` must be valid for writes (and reads, with `accumulate`) of
 /// `(num_tokens - 1) * stride + 2560` elements of `dtype`, and not be accessed by anyone else
 /// during the call.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the flat argument list the callers already hold"
+)]
 pub unsafe fn dequant_raw(
     format: RowFormat,
     global_scale: f32,

@@ -119,6 +119,7 @@ fn check_rows(p: &Pipeline, seq: u64, ids: &[i64], format: RowFormat) {
     let (ptr, n) = p.packed_rows(seq).unwrap();
     assert_eq!(n as usize * 16, ids.len(), "step {seq} token count");
     let rb = format.row_bytes(160);
+    // SAFETY: packed_rows returned a pointer to the step's `ids.len() * rb` staged bytes, valid until the step is consumed, which happens after this read.
     let rows = unsafe { std::slice::from_raw_parts(ptr, ids.len() * rb) };
     for (i, &id) in ids.iter().enumerate() {
         assert_eq!(
@@ -373,6 +374,7 @@ fn failing_step_surfaces_in_its_wait_and_the_next_step_works() {
     assert_eq!(e.kind(), crate::ErrorKind::Panic, "{e}");
     // dequant of a failed step returns its error and consumes it
     let mut out = vec![0f32; 3 * 40 * 2560];
+    // SAFETY: `out` holds 2560 f32, what one token needs, and nobody else uses it.
     let e = unsafe { p.dequant_cpu(4, out.as_mut_ptr() as *mut u8, f32_out(2560)) }.unwrap_err();
     assert_eq!(e.kind(), crate::ErrorKind::Panic);
     p.wait(4, 0).unwrap(); // consumed: its failure was reported by dequant_cpu
@@ -456,11 +458,15 @@ fn dequant_cpu_consumes_and_matches_rows() {
     let stride = 2600;
     let mut out = vec![f32::NAN; (n - 1) * stride + 2560];
     // bad arguments do not consume the step
+    // SAFETY: `out` holds the step's tokens at `stride` f32 apart; the call is refused before writing.
     let e = unsafe { p.dequant_cpu(1, out.as_mut_ptr() as *mut u8, f32_out(2559)) }.unwrap_err();
     assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+    // SAFETY: 2 bytes into `out`, a Vec of more than 2 bytes: still inside the allocation.
     let misaligned = unsafe { (out.as_mut_ptr() as *mut u8).add(2) };
+    // SAFETY: refused for its misalignment before anything is written.
     let e = unsafe { p.dequant_cpu(1, misaligned, f32_out(stride)) }.unwrap_err();
     assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+    // SAFETY: `out` holds `(n - 1) * stride + 2560` f32 and nobody else uses it.
     unsafe { p.dequant_cpu(1, out.as_mut_ptr() as *mut u8, f32_out(stride)) }.unwrap();
     let dq = dequant::Dequantizer::new(format, synth::global_scale(format));
     let mut want = [0f32; 160];
@@ -475,6 +481,7 @@ fn dequant_cpu_consumes_and_matches_rows() {
         }
     }
     p.wait(1, 0).unwrap(); // consumed and complete
+    // SAFETY: as above; the step is already consumed, so nothing is written.
     let e = unsafe { p.dequant_cpu(1, out.as_mut_ptr() as *mut u8, f32_out(stride)) }.unwrap_err();
     assert_eq!(e.kind(), crate::ErrorKind::State);
     let e = p
@@ -556,6 +563,7 @@ fn stats_count_steps_pages_and_prefetch() {
     drop(q);
     let rows = std::fs::File::open(d.path().join(crate::format::table::ROWS_FILE)).unwrap();
     use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise takes any fd and range; `rows` is an open file.
     unsafe { libc::posix_fadvise(rows.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     let q = open(d.path(), |o| o.prefetch_min_rows = 100);
     if q.stats().resident_pages > 0 {
