@@ -129,6 +129,11 @@ typedef int32_t ple_ring_full_policy;
 typedef int32_t ple_wait_mode;
 
 /**
+ * How a handle reads rows (`ple_options.io_mode`, `ple_table_info.io_mode`): a `PLE_IO_*` value.
+ */
+typedef int32_t ple_io_mode;
+
+/**
  * Options for `ple_open`. Always initialise with `ple_options_default()`, then change fields:
  * `struct_size` lets later versions add fields without breaking callers.
  */
@@ -187,12 +192,22 @@ typedef struct ple_options {
    * with `PLE_E_FORMAT` when its fingerprint differs.
    */
   const char *checkpoint_dir;
+  /**
+   * `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
+   * compiled without it get AUTO through `struct_size`).
+   */
+  ple_io_mode io_mode;
 } ple_options;
 
 /**
  * Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
  */
 typedef int32_t ple_format;
+
+/**
+ * How DIRECT reads are issued (`ple_table_info.io_backend`): a `PLE_IO_BACKEND_*` value.
+ */
+typedef int32_t ple_io_backend;
 
 /**
  * Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
@@ -252,6 +267,14 @@ typedef struct ple_info {
    * Hex fingerprint of the source checkpoint's index and shard headers (NUL-terminated).
    */
   char source_fingerprint[72];
+  /**
+   * The I/O mode the handle runs with, AUTO resolved: `PLE_IO_MMAP` or `PLE_IO_DIRECT`.
+   */
+  ple_io_mode io_mode;
+  /**
+   * How its reads are issued: a `PLE_IO_BACKEND_*` value.
+   */
+  ple_io_backend io_backend;
 } ple_info;
 
 /**
@@ -293,7 +316,8 @@ typedef struct ple_counters {
   uint64_t major_faults;
   uint64_t minor_faults;
   /**
-   * Bytes the worker threads caused to be read from storage (`/proc/thread-self/io` read_bytes).
+   * Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the worker threads
+   * caused to be read (`/proc/thread-self/io` read_bytes).
    */
   uint64_t storage_read_bytes;
   /**
@@ -331,6 +355,11 @@ typedef struct ple_counters {
    * behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
    */
   uint64_t queue_ns;
+  /**
+   * Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
+   * `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
+   */
+  uint64_t storage_reads;
 } ple_counters;
 
 /**
@@ -453,6 +482,38 @@ typedef int32_t (*ple_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, vo
  * Prefetch policy: never prefetch (MADV_RANDOM faults only).
  */
 #define PLE_PREFETCH_NEVER 2
+
+/**
+ * I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
+ * its file, else MMAP (the default).
+ */
+#define PLE_IO_AUTO 0
+
+/**
+ * I/O mode: gather from the read-only mapping through the page cache.
+ */
+#define PLE_IO_MMAP 1
+
+/**
+ * I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
+ * `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
+ */
+#define PLE_IO_DIRECT 2
+
+/**
+ * I/O backend: none (MMAP mode: page faults and WILLNEED advice).
+ */
+#define PLE_IO_BACKEND_MMAP 0
+
+/**
+ * I/O backend: io_uring, a step's reads kept at depth 128.
+ */
+#define PLE_IO_BACKEND_IO_URING 1
+
+/**
+ * I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
+ */
+#define PLE_IO_BACKEND_PREAD_POOL 2
 
 /**
  * Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.

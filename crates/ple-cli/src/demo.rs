@@ -271,6 +271,7 @@ struct PassReport {
     rows: u64,
     unique_pages: u64,
     storage_kib_per_token: f64,
+    storage_reads_per_token: f64,
     hash_ms: f64,
     prefetch_ms: f64,
     gather_ms: f64,
@@ -385,6 +386,8 @@ fn replay(
     rep.unique_pages = after.unique_pages - before.unique_pages;
     rep.storage_kib_per_token =
         (after.storage_read_bytes - before.storage_read_bytes) as f64 / 1024.0 / rep.tokens as f64;
+    rep.storage_reads_per_token =
+        (after.storage_reads - before.storage_reads) as f64 / rep.tokens as f64;
     rep.hash_ms = (after.hash_ns - before.hash_ns) as f64 / 1e6;
     rep.prefetch_ms = (after.prefetch_ns - before.prefetch_ns) as f64 / 1e6;
     rep.gather_ms = (after.gather_ns - before.gather_ns) as f64 / 1e6;
@@ -586,8 +589,11 @@ pub fn run(work: &Path) -> Result<()> {
     row("unique pages per token", &|r| {
         format!("{:.2}", per_token(r.unique_pages, r))
     });
-    row("storage KiB per token", &|r| {
-        format!("{:.2}", r.storage_kib_per_token)
+    row("storage KiB / reads per token", &|r| {
+        format!(
+            "{:.2}/{:.2}",
+            r.storage_kib_per_token, r.storage_reads_per_token
+        )
     });
     row("prefill step p50 / p99 (ms)", &|r| {
         format!("{:.2}/{:.2}", r.prefill_p50_ms, r.prefill_p99_ms)

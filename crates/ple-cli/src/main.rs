@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod demo;
+mod synth_full;
 
 use clap::{Parser, Subcommand};
 
