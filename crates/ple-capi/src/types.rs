@@ -58,15 +58,18 @@ pub const PLE_FUSE_ACCUMULATE: ple_fuse_flags = 1;
 /// When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
 pub type ple_prefetch_policy = i32;
 
-/// Prefetch policy: issue WILLNEED when a step has at least `prefetch_min_rows` rows, unless a
-/// residency sample (mincore of one page per 1,024 rows, at most 16) finds its pages cached.
+/// Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
+/// decode included) unless a residency sample finds its pages cached (mincore of one page after
+/// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). Steps gathered
+/// on the worker thread (under 1,024 rows) read their pages through io_uring, bigger ones issue
+/// WILLNEED overlapped with the gather.
 pub const PLE_PREFETCH_AUTO: ple_prefetch_policy = 0;
 /// Prefetch policy: always issue WILLNEED before gathering.
 pub const PLE_PREFETCH_ALWAYS: ple_prefetch_policy = 1;
 /// Prefetch policy: never prefetch (MADV_RANDOM faults only).
 pub const PLE_PREFETCH_NEVER: ple_prefetch_policy = 2;
 
-/// How a handle reads rows (`ple_options.io_mode`, `ple_table_info.io_mode`): a `PLE_IO_*` value.
+/// How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
 pub type ple_io_mode = i32;
 
 /// I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
@@ -78,7 +81,7 @@ pub const PLE_IO_MMAP: ple_io_mode = 1;
 /// `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
 pub const PLE_IO_DIRECT: ple_io_mode = 2;
 
-/// How DIRECT reads are issued (`ple_table_info.io_backend`): a `PLE_IO_BACKEND_*` value.
+/// How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
 pub type ple_io_backend = i32;
 
 /// I/O backend: none (MMAP mode: page faults and WILLNEED advice).
@@ -123,7 +126,7 @@ pub struct ple_options {
     pub num_threads: u32,
     /// `PLE_PREFETCH_AUTO` (default), `_ALWAYS` or `_NEVER`.
     pub prefetch_policy: ple_prefetch_policy,
-    /// AUTO prefetches steps with at least this many rows (default 512).
+    /// AUTO prefetches steps with at least this many rows (default 1).
     pub prefetch_min_rows: u32,
     /// `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
     pub ring_full_policy: ple_ring_full_policy,
@@ -371,7 +374,7 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
             v => return invalid!("options.io_mode {v} is not a PLE_IO_* value"),
         },
         force_pread: false,
-        uring_prefetch: true,
+        uring_prefetch: false,
     };
     o.validate()?;
     Ok(o)

@@ -14,12 +14,13 @@
 //!   per step; the worker does nothing else that faults in between). Summed. Faults of other
 //!   threads of the process are never counted.
 //! - **storage reads**: requests sent to storage. DIRECT: the merged `O_DIRECT` reads issued.
-//!   MMAP: the WILLNEED calls issued plus the major faults (each a synchronous read).
-//! - **storage read bytes**: DIRECT: the bytes of the `O_DIRECT` reads issued. MMAP: `read_bytes` of `/proc/thread-self/io` on the same threads. A thread's
-//!   count can only grow through a major fault or a WILLNEED it issued, so it is re-read (and the
-//!   delta since that thread's last reading added) only after a piece of work that took a major fault
-//!   or issued a prefetch; other steps cost no /proc read. Zero where the kernel lacks task I/O
-//!   accounting.
+//!   MMAP: the prefetch reads or WILLNEED calls issued plus the major faults (each a synchronous
+//!   read).
+//! - **storage read bytes**: DIRECT: the bytes of the `O_DIRECT` reads issued. MMAP: `read_bytes`
+//!   of `/proc/thread-self/io` on the same threads. A thread's count can only grow through a major
+//!   fault or a prefetch it issued, so it is re-read (and the delta since that thread's last
+//!   reading added) only after a piece of work that took a major fault or issued a prefetch; other
+//!   steps cost no /proc read. Zero where the kernel lacks task I/O accounting.
 //! - **times**: nanoseconds per stage summed over steps (hash, prefetch, gather, copy — copy is the
 //!   host→device copy, 0 on a CPU-only handle), `wait_ns` is time callers spent blocked in waits
 //!   (including the ring wait of `submit`), and `*_step_ns` is submit→done latency.

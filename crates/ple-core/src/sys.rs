@@ -194,3 +194,28 @@ pub fn residency(map: &[u8]) -> (u64, u64) {
     }
     (resident, total as u64)
 }
+
+/// CPU time (ns, from `/proc/self/task/*/schedstat`) of this process's threads whose name starts
+/// with one of `prefixes` (0 where schedstat is unavailable).
+pub fn threads_cpu_ns(prefixes: &[&str]) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            prefixes
+                .iter()
+                .any(|p| comm.starts_with(p))
+                .then(|| std::fs::read_to_string(t.path().join("schedstat")).ok())
+                .flatten()
+        })
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// CPU time (user + system) of the calling thread so far, nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    rusage(libc::RUSAGE_THREAD).map_or(0, |r| tv(r.ru_utime) + tv(r.ru_stime))
+}

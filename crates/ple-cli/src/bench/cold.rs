@@ -2,7 +2,7 @@
 //! the baselines: (a) prefetch off, (b) MADV_NORMAL readahead, (e) the seed deployment's method.
 
 use super::Ctx;
-use super::memory::evict;
+use super::memory::{evict, evict_rows};
 use super::steps::{Run, accumulate, run_steps, time_gathers};
 use ple_core::error::{Error, Result};
 use ple_core::io::prefetch::PageSet;
@@ -12,20 +12,16 @@ use serde_json::{Value, json};
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
-/// Cold decode shapes compared across modes and with the seed's method, and their step counts
-/// per round.
+/// Cold decode shapes compared across modes and with the seed's method, and their steps per mode.
 pub(crate) const COLD_DECODE: [(&str, usize); 4] = [
-    ("decode 1x1", 20),
-    ("decode 8x1", 20),
-    ("decode 64x1", 10),
-    ("decode 256x1", 4),
+    ("decode 1x1", 60),
+    ("decode 8x1", 60),
+    ("decode 64x1", 30),
+    ("decode 256x1", 12),
 ];
-/// Rounds of the cold decode comparison: each round runs every shape in every mode, one after
-/// the other, so a drifting device (shared network storage) moves all of them alike.
-const ROUNDS: usize = 3;
 
 pub(crate) const MMAP: &str = "cold MMAP";
-pub(crate) const MMAP_FADVISE: &str = "cold MMAP, WILLNEED prefetch";
+pub(crate) const MMAP_URING: &str = "cold MMAP, io_uring page reads";
 pub(crate) const DIRECT: &str = "cold DIRECT";
 pub(crate) const SEED: &str = "cold, seed method (e)";
 pub(crate) const OFF: &str = "cold MMAP, prefetch off (a)";
@@ -103,7 +99,7 @@ fn seed_method(
     let rb = ctx.rb;
     let mut buf = vec![0u8; ids.iter().map(|v| v.len()).max().unwrap_or(0) * rb];
     let io0 = stats::process_read_bytes().unwrap_or(0);
-    let cpu0 = ple_core::sys::process_cpu_ns();
+    let cpu0 = super::caller_and_engine_cpu_ns();
     stats::thread_read_bytes_delta(); // this thread's reads so far are not the run's
     let (lat, io) = stats::measure(true, || -> Result<Vec<u64>> {
         let mut lat = Vec::with_capacity(ids.len());
@@ -135,7 +131,7 @@ fn seed_method(
         proc_read_bytes: stats::process_read_bytes().unwrap_or(0).saturating_sub(io0),
         resident_before: res,
         storage_reads: 0,
-        cpu_ns: ple_core::sys::process_cpu_ns().saturating_sub(cpu0),
+        cpu_ns: super::caller_and_engine_cpu_ns().saturating_sub(cpu0),
         prefetch_ns: 0,
         gather_ns: 0,
     })
@@ -152,26 +148,39 @@ fn map_with(p: &Pipeline, advice: memmap2::Advice) -> Result<memmap2::Mmap> {
     Ok(m)
 }
 
-pub(crate) fn run(ctx: &Ctx) -> Result<Cold> {
-    let mut c = Cold::default();
-    let p = &ctx.p;
-    let never = Pipeline::open(
-        &ctx.a.table_dir,
-        ple_core::step::OpenOptions {
-            prefetch_policy: PrefetchPolicy::Never,
-            ..ctx.opts.clone()
-        },
-    )?;
-    let direct = match Pipeline::open(
-        &ctx.a.table_dir,
-        ple_core::step::OpenOptions {
-            io_mode: IoMode::Direct,
-            ..ctx.opts.clone()
-        },
-    ) {
+/// The handles and mappings the cold phase compares.
+struct Modes<'a> {
+    never: Pipeline,
+    uring: Pipeline,
+    direct: Option<Pipeline>,
+    normal: memmap2::Mmap,
+    seed: memmap2::Mmap,
+    p: &'a Pipeline,
+}
+
+impl Modes<'_> {
+    fn maps(&self) -> Vec<&[u8]> {
+        let mut m = vec![
+            self.p.table().bytes(),
+            self.never.table().bytes(),
+            self.uring.table().bytes(),
+            &self.normal[..],
+            &self.seed[..],
+        ];
+        m.extend(self.direct.as_ref().map(|d| d.table().bytes()));
+        m
+    }
+}
+
+fn open_modes<'a>(ctx: &'a Ctx, c: &mut Cold) -> Result<Modes<'a>> {
+    let with = |f: &dyn Fn(&mut ple_core::step::OpenOptions)| {
+        let mut o = ctx.opts.clone();
+        f(&mut o);
+        Pipeline::open(&ctx.a.table_dir, o)
+    };
+    let direct = match with(&|o| o.io_mode = IoMode::Direct) {
         Ok(d) => {
-            let b = d.io_info().backend.map_or("?", |b| b.name());
-            c.direct = Ok(b.to_string());
+            c.direct = Ok(d.io_info().backend.map_or("?", |b| b.name()).to_string());
             Some(d)
         }
         Err(e) => {
@@ -179,109 +188,123 @@ pub(crate) fn run(ctx: &Ctx) -> Result<Cold> {
             None
         }
     };
-    let fadv = Pipeline::open(
-        &ctx.a.table_dir,
-        ple_core::step::OpenOptions {
-            uring_prefetch: false,
-            ..ctx.opts.clone()
-        },
-    )?;
-    let normal = map_with(p, memmap2::Advice::Normal)?;
-    let seed = map_with(p, memmap2::Advice::Random)?;
-    let mut maps = vec![
-        p.table().bytes(),
-        never.table().bytes(),
-        fadv.table().bytes(),
-        &normal[..],
-        &seed[..],
-    ];
-    if let Some(d) = &direct {
-        maps.push(d.table().bytes());
-    }
-    let file = p.table().file();
-    let ev = |c: &mut Cold| {
-        let r = evict(&maps, file);
-        c.fully_evicted &= r == 0;
-        r
-    };
-    let (mut seq, mut seq_never, mut seq_direct, mut seq_fadv) = (ctx.seq.get(), 0, 0, 0);
-    // prefill chunks, each after an eviction: MMAP (prefetch), DIRECT; one with prefetch off
-    let chunk = ctx.shapes[0].name.clone();
-    let n_cold = ctx.sc(3).min(ctx.steps[0].len());
-    for (k, st) in ctx.steps[0].iter().take(n_cold).enumerate() {
-        let one = std::slice::from_ref(st);
-        let r = ev(&mut c);
-        c.runs.push(run_steps(p, one, &mut seq, &chunk, MMAP, r)?);
-        c.chunk_pages
-            .push(PageSet::from_rows(&ctx.ids[0][k], ctx.rb).len() as u64);
-        if let Some(d) = &direct {
-            let r = ev(&mut c);
-            c.runs
-                .push(run_steps(d, one, &mut seq_direct, &chunk, DIRECT, r)?);
-            c.sector_floor.push((
-                chunk.clone(),
-                sector_floor_bytes(&ctx.ids[0][k..k + 1], ctx.rb as u64),
-            ));
-        }
-    }
-    let r = ev(&mut c);
-    c.runs.push(run_steps(
-        &never,
-        &ctx.steps[0][..1],
-        &mut seq_never,
-        &chunk,
-        OFF,
-        r,
-    )?);
-    // decode: per round and shape, evict, then a run of steps, in each mode and the seed's method
-    let mut acc: Vec<Option<Run>> = vec![None; COLD_DECODE.len() * 4];
-    for _ in 0..ctx.sc(ROUNDS) {
-        for (k, (name, n)) in COLD_DECODE.into_iter().enumerate() {
-            let i = ctx.shape(name);
-            let n = ctx.sc(n).min(ctx.steps[i].len());
-            let steps = &ctx.steps[i][..n];
-            let r = ev(&mut c);
-            let m = run_steps(p, steps, &mut seq, name, MMAP, r)?;
-            accumulate(&mut acc[4 * k], m);
-            let r = ev(&mut c);
-            let s = seed_method(ctx, &seed, file.as_raw_fd(), name, &ctx.ids[i][..n], r)?;
-            accumulate(&mut acc[4 * k + 1], s);
-            let r = ev(&mut c);
-            let f = run_steps(&fadv, steps, &mut seq_fadv, name, MMAP_FADVISE, r)?;
-            accumulate(&mut acc[4 * k + 3], f);
-            if let Some(d) = &direct {
-                let r = ev(&mut c);
-                let run = run_steps(d, steps, &mut seq_direct, name, DIRECT, r)?;
-                accumulate(&mut acc[4 * k + 2], run);
-                let f = sector_floor_bytes(&ctx.ids[i][..n], ctx.rb as u64);
-                c.sector_floor.push((name.to_string(), f));
-            }
-        }
-    }
-    c.runs.extend(acc.into_iter().flatten());
+    Ok(Modes {
+        never: with(&|o| o.prefetch_policy = PrefetchPolicy::Never)?,
+        uring: with(&|o| o.uring_prefetch = true)?,
+        direct,
+        normal: map_with(&ctx.p, memmap2::Advice::Normal)?,
+        seed: map_with(&ctx.p, memmap2::Advice::Random)?,
+        p: &ctx.p,
+    })
+}
+
+pub(crate) fn run(ctx: &Ctx) -> Result<Cold> {
+    let mut c = Cold::default();
+    let m = open_modes(ctx, &mut c)?;
+    cold_chunks(ctx, &m, &mut c)?;
+    cold_decode(ctx, &m, &mut c)?;
+    // (a) and (b) on decode 8x1, after a global eviction each
+    let (maps, file) = (m.maps(), ctx.p.table().file());
     let i = ctx.shape("decode 8x1");
     let n = ctx.sc(20).min(ctx.steps[i].len());
-    let r = ev(&mut c);
+    let r = evict(&maps, file);
+    let mut seq = 1_000_000;
     c.runs.push(run_steps(
-        &never,
+        &m.never,
         &ctx.steps[i][..n],
-        &mut seq_never,
+        &mut seq,
         "decode 8x1",
         OFF,
         r,
     )?);
-    let r = ev(&mut c);
+    let r = evict(&maps, file);
     let ids = &ctx.ids[i][..ctx.sc(3).min(n)];
     c.runs
-        .push(readahead_run(ctx, &normal, "decode 8x1", ids, r)?);
-    ctx.seq.set(seq);
+        .push(readahead_run(ctx, &m.normal, "decode 8x1", ids, r)?);
     Ok(c)
+}
+
+/// Prefill chunks, each after a global eviction: MMAP (prefetch) and DIRECT; one with prefetch
+/// off.
+fn cold_chunks(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
+    let (maps, file) = (m.maps(), ctx.p.table().file());
+    let chunk = ctx.shapes[0].name.clone();
+    let mut seq = ctx.seq.get();
+    let mut seq_d = 0;
+    for (k, st) in ctx.steps[0].iter().take(ctx.sc(3)).enumerate() {
+        let one = std::slice::from_ref(st);
+        let r = evict(&maps, file);
+        c.fully_evicted &= r == 0;
+        c.runs.push(run_steps(m.p, one, &mut seq, &chunk, MMAP, r)?);
+        c.chunk_pages
+            .push(PageSet::from_rows(&ctx.ids[0][k], ctx.rb).len() as u64);
+        if let Some(d) = &m.direct {
+            let r = evict(&maps, file);
+            c.runs
+                .push(run_steps(d, one, &mut seq_d, &chunk, DIRECT, r)?);
+            let f = sector_floor_bytes(&ctx.ids[0][k..k + 1], ctx.rb as u64);
+            c.sector_floor.push((chunk.clone(), f));
+        }
+    }
+    ctx.seq.set(seq);
+    let r = evict(&maps, file);
+    let mut seq_n = 0;
+    c.runs.push(run_steps(
+        &m.never,
+        &ctx.steps[0][..1],
+        &mut seq_n,
+        &chunk,
+        OFF,
+        r,
+    )?);
+    Ok(())
+}
+
+/// Cold decode, paired: per shape, step j of every mode runs back to back (rotating which goes
+/// first), each on its own steps (mode k takes steps k, k + 4, …: no mode reads rows another just
+/// read, so no cache below the page cache favours it) and each right after the pages of its rows
+/// were evicted. Drift of a shared device then moves every mode alike.
+fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
+    let (maps, file) = (m.maps(), ctx.p.table().file());
+    const NM: usize = 4; // MMAP, seed, DIRECT, MMAP with io_uring page reads
+    let mut seqs = [ctx.seq.get(), 0, 2_000_000, 3_000_000];
+    for (name, n) in COLD_DECODE {
+        let i = ctx.shape(name);
+        let n = ctx.sc(n).min(ctx.steps[i].len() / NM);
+        let mut acc: [Option<Run>; NM] = Default::default();
+        for j in 0..n {
+            for r in 0..NM {
+                let k = (j + r) % NM;
+                let s = j * NM + k;
+                let (st, ids) = (&ctx.steps[i][s..s + 1], &ctx.ids[i][s..s + 1]);
+                let res = evict_rows(&maps, file, &ids[0], ctx.rb);
+                c.fully_evicted &= res == 0;
+                let run = match k {
+                    0 => run_steps(m.p, st, &mut seqs[0], name, MMAP, res)?,
+                    1 => seed_method(ctx, &m.seed, file.as_raw_fd(), name, ids, res)?,
+                    2 => match &m.direct {
+                        Some(d) => {
+                            let f = sector_floor_bytes(ids, ctx.rb as u64);
+                            c.sector_floor.push((name.to_string(), f));
+                            run_steps(d, st, &mut seqs[2], name, DIRECT, res)?
+                        }
+                        None => continue,
+                    },
+                    _ => run_steps(&m.uring, st, &mut seqs[3], name, MMAP_URING, res)?,
+                };
+                accumulate(&mut acc[k], run);
+            }
+        }
+        c.runs.extend(acc.into_iter().flatten());
+    }
+    ctx.seq.set(seqs[0]);
+    Ok(())
 }
 
 /// (b): gathers of `ids` from a MADV_NORMAL mapping (default readahead), for read amplification.
 fn readahead_run(ctx: &Ctx, normal: &[u8], name: &str, ids: &[Vec<u64>], res: u64) -> Result<Run> {
     let io0 = stats::process_read_bytes().unwrap_or(0);
-    let cpu0 = ple_core::sys::process_cpu_ns();
+    let cpu0 = super::caller_and_engine_cpu_ns();
     stats::thread_read_bytes_delta(); // this thread's reads so far are not the run's
     let (r, mut io) = stats::measure(true, || time_gathers(normal, ctx.rb, ids, ctx.p.pool()));
     let (lat, pool_io) = r?;
@@ -302,7 +325,7 @@ fn readahead_run(ctx: &Ctx, normal: &[u8], name: &str, ids: &[Vec<u64>], res: u6
         proc_read_bytes: stats::process_read_bytes().unwrap_or(0).saturating_sub(io0),
         resident_before: res,
         storage_reads: 0,
-        cpu_ns: ple_core::sys::process_cpu_ns().saturating_sub(cpu0),
+        cpu_ns: super::caller_and_engine_cpu_ns().saturating_sub(cpu0),
         prefetch_ns: 0,
         gather_ns: 0,
     })

@@ -83,3 +83,41 @@ pub(crate) fn evict(maps: &[&[u8]], file: &std::fs::File) -> u64 {
     let _ = ple_core::sys::fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
     stats::residency(maps[0]).0
 }
+
+/// Evicts the pages of `rows` only (every mapping's page-table entries, then the page cache of
+/// those ranges): a cold step without a global eviction. Returns the pages still resident.
+pub(crate) fn evict_rows(maps: &[&[u8]], file: &std::fs::File, rows: &[u64], rb: usize) -> u64 {
+    let pages = ple_core::io::prefetch::PageSet::from_rows(rows, rb);
+    let ps = stats::os_page_size();
+    for r in &pages.ranges {
+        let off = (r.first * 4096) as usize / ps * ps;
+        let end = ((r.first + r.count) * 4096) as usize;
+        for m in maps {
+            let len = end.min(m.len()).saturating_sub(off);
+            if len == 0 {
+                continue;
+            }
+            // SAFETY: `off` is OS-page-aligned and `off..off + len` lies inside the mapping;
+            // MADV_DONTNEED on a read-only file mapping only drops page-table entries (later
+            // accesses read the file again). No step is in flight while the bench evicts.
+            unsafe {
+                libc::madvise(
+                    m.as_ptr().add(off) as *mut libc::c_void,
+                    len,
+                    libc::MADV_DONTNEED,
+                )
+            };
+        }
+        let _ = ple_core::sys::fadvise(
+            file.as_raw_fd(),
+            off as u64,
+            (end - off) as u64,
+            libc::POSIX_FADV_DONTNEED,
+        );
+    }
+    pages
+        .pages
+        .iter()
+        .filter(|&&p| ple_core::sys::page_resident(maps[0], (p * 4096) as usize))
+        .count() as u64
+}

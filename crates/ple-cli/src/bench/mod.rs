@@ -67,6 +67,19 @@ impl Ctx<'_> {
     }
 }
 
+/// Threads of libple: the worker, the gather pool, the pread pool, io_uring's kernel workers.
+const ENGINE_THREADS: [&str; 4] = ["ple-worker", "ple-pool", "ple-pread", "iou-"];
+
+/// CPU time of libple's threads so far (not the caller's: its wait is not the engine's work), ns.
+pub(crate) fn engine_cpu_ns() -> u64 {
+    ple_core::sys::threads_cpu_ns(&ENGINE_THREADS)
+}
+
+/// CPU time of the calling thread and libple's threads so far (baselines run on the caller), ns.
+pub(crate) fn caller_and_engine_cpu_ns() -> u64 {
+    ple_core::sys::thread_cpu_ns() + engine_cpu_ns()
+}
+
 /// Decode shapes: (requests, tokens per request, steps).
 const DECODE: [(usize, usize, usize); 8] = [
     (1, 1, 300),

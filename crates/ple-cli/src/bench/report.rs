@@ -1,7 +1,7 @@
 //! The bench's tables and its ratios against their targets.
 
 use super::Ctx;
-use super::cold::{COLD_DECODE, Cold, DIRECT, MMAP, MMAP_FADVISE, OFF, SEED};
+use super::cold::{COLD_DECODE, Cold, DIRECT, MMAP, MMAP_URING, OFF, SEED};
 use super::floor::Floor;
 use super::steps::{Run, pct};
 use super::warm::Warm;
@@ -151,10 +151,10 @@ pub(crate) fn print(ctx: &Ctx, w: &Warm, fl: &Floor, c: &Cold) -> Vec<Value> {
                 !t || v <= 0.8,
             );
         }
-        if let (Some(m), Some(s)) = (c.find(name, MMAP_FADVISE), c.find(name, SEED)) {
+        if let (Some(m), Some(s)) = (c.find(name, MMAP_URING), c.find(name, SEED)) {
             let v = m.p50() / s.p50().max(1e-9);
             ratio(
-                &format!("cold {name} MMAP with WILLNEED prefetch / seed method (p50)"),
+                &format!("cold {name} MMAP with io_uring page reads / seed method (p50)"),
                 v,
                 "report",
                 true,
@@ -253,7 +253,7 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
     );
     let v = cpu as f64 / 1e3 / rows.max(1) as f64;
     ratio(
-        "DIRECT CPU µs (whole process) per row read",
+        "DIRECT CPU µs of libple threads per row read",
         v,
         "<= 1",
         v <= 1.0,

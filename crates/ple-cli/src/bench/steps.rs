@@ -176,7 +176,7 @@ pub(crate) fn run_steps(
 ) -> Result<Run> {
     let s0 = p.counters();
     let io0 = stats::process_read_bytes().unwrap_or(0);
-    let cpu0 = ple_core::sys::process_cpu_ns();
+    let cpu0 = super::engine_cpu_ns();
     let mut lat = Vec::with_capacity(steps.len());
     let mut tokens = 0u64;
     for st in steps {
@@ -204,7 +204,7 @@ pub(crate) fn run_steps(
         proc_read_bytes: stats::process_read_bytes().unwrap_or(0).saturating_sub(io0),
         resident_before,
         storage_reads: d.storage_reads,
-        cpu_ns: ple_core::sys::process_cpu_ns().saturating_sub(cpu0),
+        cpu_ns: super::engine_cpu_ns().saturating_sub(cpu0),
         prefetch_ns: d.prefetch_ns,
         gather_ns: d.gather_ns,
     })

@@ -146,7 +146,15 @@ impl Ring {
                 next += 1;
                 in_flight += 1;
             }
-            match self.ring.submit_and_wait(1) {
+            // Wake once per batch of completions, not per read: with reads left to submit,
+            // when a quarter of the depth has completed (then refill); with none left, when all
+            // have (one wake-up for a decode step's reads).
+            let want = if next < reqs.len() {
+                in_flight.saturating_sub(self.depth * 3 / 4).max(1)
+            } else {
+                in_flight
+            };
+            match self.ring.submit_and_wait(want) {
                 Ok(_) => {}
                 Err(e)
                     if matches!(
