@@ -129,7 +129,7 @@ typedef int32_t ple_ring_full_policy;
 typedef int32_t ple_wait_mode;
 
 /**
- * How a handle reads rows (`ple_options.io_mode`, `ple_table_info.io_mode`): a `PLE_IO_*` value.
+ * How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
  */
 typedef int32_t ple_io_mode;
 
@@ -159,7 +159,7 @@ typedef struct ple_options {
    */
   ple_prefetch_policy prefetch_policy;
   /**
-   * AUTO prefetches steps with at least this many rows (default 512).
+   * AUTO prefetches steps with at least this many rows (default 1).
    */
   uint32_t prefetch_min_rows;
   /**
@@ -205,7 +205,7 @@ typedef struct ple_options {
 typedef int32_t ple_format;
 
 /**
- * How DIRECT reads are issued (`ple_table_info.io_backend`): a `PLE_IO_BACKEND_*` value.
+ * How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
  */
 typedef int32_t ple_io_backend;
 
@@ -468,8 +468,11 @@ typedef int32_t (*ple_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, vo
 #define PLE_FUSE_ACCUMULATE 1
 
 /**
- * Prefetch policy: issue WILLNEED when a step has at least `prefetch_min_rows` rows, unless a
- * residency sample (mincore of one page per 1,024 rows, at most 16) finds its pages cached.
+ * Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
+ * decode included) unless a residency sample finds its pages cached (mincore of one page after
+ * cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). Steps gathered
+ * on the worker thread (under 1,024 rows) read their pages through io_uring, bigger ones issue
+ * WILLNEED overlapped with the gather.
  */
 #define PLE_PREFETCH_AUTO 0
 

@@ -539,15 +539,7 @@ impl Shared {
         // the step's sorted page ranges. Steps that do not prefetch count their distinct pages
         // after they are published (off the critical path).
         if let Some(d) = &self.direct {
-            // SAFETY: the slot is Pending with this job: only the worker touches its buffer.
-            let staging = unsafe { self.staging_mut(job.slot) };
-            let r = lock(d).read_rows(&w.ids, staging)?;
-            rec.storage_reads = r.reads;
-            rec.io.read_bytes += r.bytes;
-            w.count_pages_later = true;
-            let t2 = Instant::now();
-            rec.gather_ns = stats::ns(t2 - t1);
-            return self.upload(job, n * heads * rb, rec);
+            return self.read_direct(d, job, w, rec, t1);
         }
         let prefetch = match self.opts.prefetch_policy {
             PrefetchPolicy::Always => true,
@@ -660,6 +652,25 @@ impl Shared {
             rec.gather_ns = stats::ns(t2.elapsed());
         }
         self.upload(job, n * heads * rb, rec)
+    }
+
+    /// DIRECT mode's read of the step's rows (`w.ids`, hashed at `t1`) into its slot.
+    fn read_direct(
+        &self,
+        d: &Mutex<DirectReader>,
+        job: &Job,
+        w: &mut WorkerScratch,
+        mut rec: StepRecord,
+        t1: Instant,
+    ) -> Result<StepRecord> {
+        // SAFETY: the slot is Pending with this job: only the worker touches its buffer.
+        let staging = unsafe { self.staging_mut(job.slot) };
+        let r = lock(d).read_rows(&w.ids, staging)?;
+        rec.storage_reads = r.reads;
+        rec.io.read_bytes += r.bytes;
+        w.count_pages_later = true;
+        rec.gather_ns = stats::ns(t1.elapsed());
+        self.upload(job, w.ids.len() * self.table.row_bytes(), rec)
     }
 
     /// CUDA handles: host → device copy of the step's `bytes` of rows; it completes (and the GPU
