@@ -17,7 +17,8 @@ impl AnonCopy {
         rows: impl Iterator<Item = u64>,
     ) -> Result<AnonCopy> {
         let len = table.len();
-        // SAFETY: a fresh private anonymous mapping.
+        // SAFETY: a null hint and MAP_ANONYMOUS create a new private mapping that aliases no
+        // memory of this process; the result is checked against MAP_FAILED below.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
