@@ -178,7 +178,7 @@ pub unsafe extern "C" fn ple_table_info(
 ) -> ple_status {
     ffi_guard!({
         let h = handle_ref(handle)?;
-        let i = crate::types::info_to_c(&h.table_info());
+        let i = crate::types::info_with_io_to_c(&h.table_info(), h.io_info());
         // SAFETY: `info` meets this function's contract.
         unsafe { write_versioned(&i, info, "info") }
     })

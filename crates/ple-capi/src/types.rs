@@ -5,9 +5,11 @@ use ple_core::dequant::{Dtype, OutArgs};
 use ple_core::format::pack::PackOptions;
 use ple_core::format::table::TableInfo;
 use ple_core::invalid;
+use ple_core::io::direct::Backend;
 use ple_core::model::RowFormat;
 use ple_core::stats::Counters;
-use ple_core::step::{OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
+use ple_core::step::pipeline::IoInfo;
+use ple_core::step::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
 use ple_core::{Error, Result};
 use std::ffi::{CStr, c_char, c_void};
 use std::path::PathBuf;
@@ -60,13 +62,38 @@ pub const PLE_FUSE_ACCUMULATE: ple_fuse_flags = 1;
 /// When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
 pub type ple_prefetch_policy = i32;
 
-/// Prefetch policy: issue WILLNEED when a step has at least `prefetch_min_rows` rows, unless a
-/// residency sample (mincore of one page per 1,024 rows, at most 16) finds its pages cached.
+/// Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
+/// decode included) unless a residency sample finds its pages cached (mincore of one page after
+/// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). Steps gathered
+/// on the worker thread (under 1,024 rows) read their pages through io_uring, bigger ones issue
+/// WILLNEED overlapped with the gather.
 pub const PLE_PREFETCH_AUTO: ple_prefetch_policy = 0;
 /// Prefetch policy: always issue WILLNEED before gathering.
 pub const PLE_PREFETCH_ALWAYS: ple_prefetch_policy = 1;
 /// Prefetch policy: never prefetch (MADV_RANDOM faults only).
 pub const PLE_PREFETCH_NEVER: ple_prefetch_policy = 2;
+
+/// How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
+pub type ple_io_mode = i32;
+
+/// I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
+/// its file, else MMAP (the default).
+pub const PLE_IO_AUTO: ple_io_mode = 0;
+/// I/O mode: gather from the read-only mapping through the page cache.
+pub const PLE_IO_MMAP: ple_io_mode = 1;
+/// I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
+/// `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
+pub const PLE_IO_DIRECT: ple_io_mode = 2;
+
+/// How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
+pub type ple_io_backend = i32;
+
+/// I/O backend: none (MMAP mode: page faults and WILLNEED advice).
+pub const PLE_IO_BACKEND_MMAP: ple_io_backend = 0;
+/// I/O backend: io_uring, a step's reads kept at depth 128.
+pub const PLE_IO_BACKEND_IO_URING: ple_io_backend = 1;
+/// I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
+pub const PLE_IO_BACKEND_PREAD_POOL: ple_io_backend = 2;
 
 /// What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
 pub type ple_ring_full_policy = i32;
@@ -103,7 +130,7 @@ pub struct ple_options {
     pub num_threads: u32,
     /// `PLE_PREFETCH_AUTO` (default), `_ALWAYS` or `_NEVER`.
     pub prefetch_policy: ple_prefetch_policy,
-    /// AUTO prefetches steps with at least this many rows (default 512).
+    /// AUTO prefetches steps with at least this many rows (default 1).
     pub prefetch_min_rows: u32,
     /// `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
     pub ring_full_policy: ple_ring_full_policy,
@@ -127,6 +154,9 @@ pub struct ple_options {
     /// in it are copied from it; others are read from the table and inserted (S3-FIFO eviction).
     /// At most 1 TiB; a nonzero value must hold at least one row.
     pub cache_bytes: u64,
+    /// `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
+    /// compiled without it get AUTO through `struct_size`).
+    pub io_mode: ple_io_mode,
 }
 
 /// Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
@@ -223,6 +253,10 @@ pub struct ple_table_info {
     pub source_name: [c_char; 256],
     /// Hex fingerprint of the source checkpoint's index and shard headers (NUL-terminated).
     pub source_fingerprint: [c_char; 72],
+    /// The I/O mode the handle runs with, AUTO resolved: `PLE_IO_MMAP` or `PLE_IO_DIRECT`.
+    pub io_mode: ple_io_mode,
+    /// How its reads are issued: a `PLE_IO_BACKEND_*` value.
+    pub io_backend: ple_io_backend,
 }
 
 /// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
@@ -253,7 +287,8 @@ pub struct ple_stats {
     /// Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
     pub major_faults: u64,
     pub minor_faults: u64,
-    /// Bytes the worker threads caused to be read from storage (`/proc/thread-self/io` read_bytes).
+    /// Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the worker threads
+    /// caused to be read (`/proc/thread-self/io` read_bytes).
     pub storage_read_bytes: u64,
     /// Time spent per stage, summed over steps.
     pub hash_ns: u64,
@@ -283,6 +318,9 @@ pub struct ple_stats {
     /// Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
     /// `options.cache_bytes`.
     pub cache_bytes_used: u64,
+    /// Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
+    /// `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
+    pub storage_reads: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -318,6 +356,11 @@ pub fn options_to_c(o: &OpenOptions) -> ple_options {
         config_json_path: std::ptr::null(),
         checkpoint_dir: std::ptr::null(),
         cache_bytes: o.cache_bytes,
+        io_mode: match o.io_mode {
+            IoMode::Auto => PLE_IO_AUTO,
+            IoMode::Mmap => PLE_IO_MMAP,
+            IoMode::Direct => PLE_IO_DIRECT,
+        },
     }
 }
 
@@ -365,6 +408,14 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
         config_json_path: path(c.config_json_path, "config_json_path")?,
         checkpoint_dir: path(c.checkpoint_dir, "checkpoint_dir")?,
         cache_bytes: c.cache_bytes,
+        io_mode: match c.io_mode {
+            PLE_IO_AUTO => IoMode::Auto,
+            PLE_IO_MMAP => IoMode::Mmap,
+            PLE_IO_DIRECT => IoMode::Direct,
+            v => return invalid!("options.io_mode {v} is not a PLE_IO_* value"),
+        },
+        force_pread: false,
+        uring_prefetch: false,
     };
     o.validate()?;
     Ok(o)
@@ -417,8 +468,17 @@ fn copy_c_string(dst: &mut [c_char], s: &str) {
     }
 }
 
-/// `ple_info` from the core's table facts.
+/// `ple_info` from the core's table facts (I/O mode reported as MMAP, as for a table alone).
 pub fn info_to_c(i: &TableInfo) -> ple_table_info {
+    let mmap = IoInfo {
+        mode: IoMode::Mmap,
+        backend: None,
+    };
+    info_with_io_to_c(i, mmap)
+}
+
+/// `ple_info` from the core's table facts and the handle's I/O mode.
+pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
     let mut c = ple_table_info {
         struct_size: std::mem::size_of::<ple_table_info>(),
         format: format_code(i.format),
@@ -435,6 +495,15 @@ pub fn info_to_c(i: &TableInfo) -> ple_table_info {
         device_wait_supported: i.device_wait_supported as i32,
         source_name: [0; 256],
         source_fingerprint: [0; 72],
+        io_mode: match io.mode {
+            IoMode::Direct => PLE_IO_DIRECT,
+            _ => PLE_IO_MMAP,
+        },
+        io_backend: match io.backend {
+            None => PLE_IO_BACKEND_MMAP,
+            Some(Backend::IoUring) => PLE_IO_BACKEND_IO_URING,
+            Some(Backend::PreadPool) => PLE_IO_BACKEND_PREAD_POOL,
+        },
     };
     copy_c_string(&mut c.source_name, &i.source_name);
     copy_c_string(&mut c.source_fingerprint, &i.source_fingerprint);
@@ -473,6 +542,7 @@ pub fn counters_to_c(k: &Counters) -> ple_stats {
         cache_hits: k.cache_hits,
         cache_misses: k.cache_misses,
         cache_bytes_used: k.cache_bytes_used,
+        storage_reads: k.storage_reads,
     }
 }
 

@@ -124,12 +124,18 @@ pub struct SynthTableArgs {
     /// The real model's full shape and hash parameters, with a sparse (all-zero) row file.
     #[arg(long)]
     pub full_sparse: bool,
+    /// The real model's full shape and hash parameters, every row written with pseudo-random
+    /// bytes (seeded by `--seed`) at device speed (O_DIRECT where the file system takes it).
+    #[arg(long, conflicts_with = "full_sparse")]
+    pub full: bool,
 }
 
 pub fn synth_table(a: SynthTableArgs) -> Result<()> {
     let format = ple_core::model::RowFormat::parse(&a.format)?;
     let meta = if a.full_sparse {
         ple_testkit::synth::write_sparse_full_table(&a.dir, format)?
+    } else if a.full {
+        crate::synth_full::write_dense_full_table(&a.dir, format, a.seed)?
     } else {
         ple_testkit::synth::write_table(
             &a.dir,

@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod demo;
 mod steady;
+mod synth_full;
 
 use clap::{Parser, Subcommand};
 

@@ -501,7 +501,7 @@ fn hit_path(p: &Pipeline, wl: &Workload, a: &BenchArgs, opts: &OpenOptions) -> R
     let lookup_ns = t.elapsed().as_nanos() as f64 / (reps * uids.len()) as f64;
     let t = Instant::now();
     for _ in 0..reps {
-        ple_core::io::gather::gather_serial(p.table().bytes(), rb, &uids, &mut out);
+        ple_core::io::gather::gather_serial(p.table().bytes(), rb, &uids, &mut out)?;
     }
     let mmap_ns = t.elapsed().as_nanos() as f64 / (reps * uids.len()) as f64;
     println!(

@@ -13,6 +13,7 @@ pub mod lookup;
 pub mod model;
 pub mod stats;
 pub mod step;
+pub mod sys;
 
 pub use error::{Error, ErrorKind, Result};
 

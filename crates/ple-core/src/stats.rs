@@ -14,17 +14,24 @@
 //!   gathers itself, from the end of its previous such gather to the end of this one (one syscall
 //!   per step; the worker does nothing else that faults in between). Summed. Faults of other
 //!   threads of the process are never counted.
-//! - **storage read bytes**: `read_bytes` of `/proc/thread-self/io` on the same threads. A thread's
-//!   count can only grow through a major fault or a WILLNEED it issued, so it is re-read (and the
-//!   delta since that thread's last reading added) only after a piece of work that took a major fault
-//!   or issued a prefetch; other steps cost no /proc read. Zero where the kernel lacks task I/O
-//!   accounting.
+//! - **storage reads**: requests sent to storage. DIRECT: the merged `O_DIRECT` reads issued.
+//!   MMAP: the prefetch reads or WILLNEED calls issued plus the major faults (each a synchronous
+//!   read).
+//! - **storage read bytes**: DIRECT: the bytes of the `O_DIRECT` reads issued. MMAP: `read_bytes`
+//!   of `/proc/thread-self/io` on the same threads. A thread's count can only grow through a major
+//!   fault or a prefetch it issued, so it is re-read (and the delta since that thread's last
+//!   reading added) only after a piece of work that took a major fault or issued a prefetch; other
+//!   steps cost no /proc read. Zero where the kernel lacks task I/O accounting.
 //! - **times**: nanoseconds per stage summed over steps (hash, prefetch, gather, copy — copy is the
 //!   host→device copy, 0 on a CPU-only handle), `wait_ns` is time callers spent blocked in waits
 //!   (including the ring wait of `submit`), and `*_step_ns` is submit→done latency.
 //! - **residency / MemAvailable**: measured at the `ple_stats` call (mincore over the mapping,
 //!   /proc/meminfo).
 
+pub use crate::sys::{
+    mem_available_bytes, mem_total_bytes, os_page_size, process_faults, process_read_bytes,
+    residency, thread_faults,
+};
 use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -60,6 +67,7 @@ pub struct Stats {
     pub failed_steps: AtomicU64,
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
+    pub storage_reads: AtomicU64,
 }
 
 /// What one completed step adds to the counters.
@@ -82,6 +90,8 @@ pub struct StepRecord {
     /// Rows copied from the row cache, and rows read from the table (handles with a cache).
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// Storage requests the step issued itself (DIRECT reads; MMAP: WILLNEED calls).
+    pub storage_reads: u64,
 }
 
 /// Faults and storage bytes attributed to a piece of work.
@@ -134,6 +144,8 @@ impl Stats {
         self.prefetch_ns.fetch_add(r.prefetch_ns, Relaxed);
         self.gather_ns.fetch_add(r.gather_ns, Relaxed);
         self.queue_ns.fetch_add(r.queue_ns, Relaxed);
+        self.storage_reads
+            .fetch_add(r.storage_reads + r.io.major_faults, Relaxed);
         self.copy_ns.fetch_add(r.copy_ns, Relaxed);
         self.cache_hits.fetch_add(r.cache_hits, Relaxed);
         self.cache_misses.fetch_add(r.cache_misses, Relaxed);
@@ -171,6 +183,7 @@ impl Stats {
             cache_hits: g(&self.cache_hits),
             cache_misses: g(&self.cache_misses),
             cache_bytes_used: 0,
+            storage_reads: g(&self.storage_reads),
         }
     }
 }
@@ -211,23 +224,14 @@ pub struct Counters {
     pub cache_misses: u64,
     /// Rows held by the cache × bytes per row (row + index and policy overhead), ≤ `cache_bytes`.
     pub cache_bytes_used: u64,
+    /// Storage requests issued: DIRECT read requests (after merging); MMAP: WILLNEED calls plus
+    /// major faults.
+    pub storage_reads: u64,
 }
 
 /// Nanoseconds of a duration, saturating.
 pub fn ns(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// (minor, major) page faults of the calling thread so far.
-pub fn thread_faults() -> (u64, u64) {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a rusage into the pointer it is given.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
-    if rc != 0 {
-        return (0, 0);
-    }
-    let ru = unsafe { ru.assume_init() };
-    (ru.ru_minflt as u64, ru.ru_majflt as u64)
 }
 
 thread_local! {
@@ -237,7 +241,7 @@ thread_local! {
     static LAST_READ_BYTES: Cell<Option<u64>> = const { Cell::new(None) };
 }
 
-fn parse_read_bytes(text: &str) -> Option<u64> {
+pub(crate) fn parse_read_bytes(text: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("read_bytes:"))
         .and_then(|v| v.trim().parse().ok())
@@ -311,71 +315,6 @@ pub fn thread_io_since_last() -> IoDelta {
         d.read_bytes = thread_read_bytes_delta();
     }
     d
-}
-
-/// Process-wide `read_bytes` (`/proc/self/io`), for benchmarks.
-pub fn process_read_bytes() -> Option<u64> {
-    parse_read_bytes(&std::fs::read_to_string("/proc/self/io").ok()?)
-}
-
-/// Process-wide (minor, major) faults, for benchmarks.
-pub fn process_faults() -> (u64, u64) {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a rusage into the pointer it is given.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
-    if rc != 0 {
-        return (0, 0);
-    }
-    let ru = unsafe { ru.assume_init() };
-    (ru.ru_minflt as u64, ru.ru_majflt as u64)
-}
-
-/// MemAvailable from /proc/meminfo, bytes (0 if unreadable).
-pub fn mem_available_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
-/// The system page size.
-pub fn os_page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as usize } else { 4096 }
-}
-
-/// (resident, total) pages of a mapping (`mincore`), in OS pages.
-pub fn residency(map: &[u8]) -> (u64, u64) {
-    let ps = os_page_size();
-    let total = map.len().div_ceil(ps);
-    let mut resident = 0u64;
-    // bounded vector: 1 Mi pages per call
-    const CHUNK: usize = 1 << 20;
-    let mut vec = vec![0u8; CHUNK.min(total)];
-    let mut p = 0usize;
-    while p < total {
-        let n = CHUNK.min(total - p);
-        // SAFETY: the range lies inside the mapping (page-aligned start: mappings are), `vec`
-        // holds one byte per page of it.
-        let rc = unsafe {
-            libc::mincore(
-                map.as_ptr().add(p * ps) as *mut libc::c_void,
-                (n * ps).min(map.len() - p * ps),
-                vec.as_mut_ptr(),
-            )
-        };
-        if rc != 0 {
-            return (0, total as u64);
-        }
-        resident += vec[..n].iter().filter(|&&b| b & 1 != 0).count() as u64;
-        p += n;
-    }
-    (resident, total as u64)
 }
 
 #[cfg(test)]

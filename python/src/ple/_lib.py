@@ -34,6 +34,8 @@ FORMATS = {1: "nvfp4", 2: "fp8", 3: "bf16"}
 PREFETCH = {"auto": 0, "always": 1, "never": 2}
 RING_FULL = {"wait": 0, "error": 1}
 WAIT_MODE = {"auto": 0, "host": 1, "stream_op": 2, "spin_kernel": 3}
+IO_MODE = {"auto": 0, "mmap": 1, "direct": 2}
+IO_BACKENDS = {0: "mmap", 1: "io_uring", 2: "pread_pool"}
 WAIT_FOREVER = (1 << 64) - 1
 
 
@@ -53,6 +55,7 @@ class ple_options(Structure):
         ("config_json_path", c_char_p),
         ("checkpoint_dir", c_char_p),
         ("cache_bytes", c_uint64),
+        ("io_mode", c_int32),
     ]
 
 
@@ -100,6 +103,8 @@ class ple_info(Structure):
         ("device_wait_supported", c_int32),
         ("source_name", c_char * 256),
         ("source_fingerprint", c_char * 72),
+        ("io_mode", c_int32),
+        ("io_backend", c_int32),
     ]
 
 
@@ -109,7 +114,7 @@ COUNTER_FIELDS = [
     "minor_faults", "storage_read_bytes", "hash_ns", "prefetch_ns", "gather_ns", "copy_ns",
     "wait_ns", "prefill_step_ns", "decode_step_ns", "timeouts", "failed_steps",
     "resident_pages", "table_pages", "mem_available_bytes", "queue_ns",
-    "cache_hits", "cache_misses", "cache_bytes_used",
+    "cache_hits", "cache_misses", "cache_bytes_used", "storage_reads",
 ]  # fmt: skip
 
 

@@ -19,6 +19,8 @@ from ._lib import (
     PROGRESS_FN,
     RING_FULL,
     WAIT_MODE,
+    IO_MODE,
+    IO_BACKENDS,
     PleError,
     check,
     lib,
@@ -78,7 +80,12 @@ def _seq(step: Union[Step, int]) -> int:
     return step.seq if isinstance(step, Step) else int(step)
 
 
-_OPTION_ENUMS = {"prefetch_policy": PREFETCH, "ring_full_policy": RING_FULL, "wait_mode": WAIT_MODE}
+_OPTION_ENUMS = {
+    "prefetch_policy": PREFETCH,
+    "ring_full_policy": RING_FULL,
+    "wait_mode": WAIT_MODE,
+    "io_mode": IO_MODE,
+}
 _PATH_OPTIONS = ("config_json_path", "checkpoint_dir")
 
 
@@ -88,7 +95,8 @@ class Table:
     Options are `ple_options` fields by name: `max_tokens_per_step`, `max_in_flight`,
     `num_threads`, `prefetch_policy` ("auto"/"always"/"never"), `prefetch_min_rows`,
     `ring_full_policy` ("wait"/"error"), `wait_timeout_us`, `history_window`, `cuda_device`,
-    `wait_mode` ("auto"/"host"/"stream_op"/"spin_kernel"), `config_json_path`, `checkpoint_dir`.
+    `wait_mode` ("auto"/"host"/"stream_op"/"spin_kernel"), `config_json_path`, `checkpoint_dir`,
+    `cache_bytes`, `io_mode` ("auto"/"mmap"/"direct").
     """
 
     def __init__(self, path: PathLike, **options: Any):
@@ -142,6 +150,8 @@ class Table:
         d["source_name"] = i.source_name.decode("utf-8", "replace")
         d["source_fingerprint"] = i.source_fingerprint.decode("ascii", "replace")
         d["device_wait_supported"] = bool(i.device_wait_supported)
+        d["io_mode"] = {v: k for k, v in IO_MODE.items()}.get(i.io_mode, i.io_mode)
+        d["io_backend"] = IO_BACKENDS.get(i.io_backend, i.io_backend)
         return d
 
     def stats(self) -> Dict[str, int]:

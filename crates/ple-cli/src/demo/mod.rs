@@ -260,8 +260,11 @@ fn print_summary(cold: &PassReport, warm: &PassReport, off: f64, on: f64) {
     row("unique pages per token", &|r| {
         format!("{:.2}", per_token(r.unique_pages, r))
     });
-    row("storage KiB per token", &|r| {
-        format!("{:.2}", r.storage_kib_per_token)
+    row("storage KiB / reads per token", &|r| {
+        format!(
+            "{:.2}/{:.2}",
+            r.storage_kib_per_token, r.storage_reads_per_token
+        )
     });
     row("prefill step p50 / p99 (ms)", &|r| {
         format!("{:.2}/{:.2}", r.prefill_p50_ms, r.prefill_p99_ms)

@@ -25,6 +25,7 @@ pub(super) struct PassReport {
     pub(super) rows: u64,
     pub(super) unique_pages: u64,
     pub(super) storage_kib_per_token: f64,
+    pub(super) storage_reads_per_token: f64,
     pub(super) hash_ms: f64,
     pub(super) prefetch_ms: f64,
     pub(super) gather_ms: f64,
@@ -145,6 +146,8 @@ pub(super) fn replay(
     rep.unique_pages = after.unique_pages - before.unique_pages;
     rep.storage_kib_per_token =
         (after.storage_read_bytes - before.storage_read_bytes) as f64 / 1024.0 / rep.tokens as f64;
+    rep.storage_reads_per_token =
+        (after.storage_reads - before.storage_reads) as f64 / rep.tokens as f64;
     rep.hash_ms = (after.hash_ns - before.hash_ns) as f64 / 1e6;
     rep.prefetch_ms = (after.prefetch_ns - before.prefetch_ns) as f64 / 1e6;
     rep.gather_ms = (after.gather_ns - before.gather_ns) as f64 / 1e6;

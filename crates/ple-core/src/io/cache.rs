@@ -623,7 +623,7 @@ impl Shard {
 
 #[path = "cache_gather.rs"]
 mod gather;
-pub use gather::{CachedGather, gather_cached};
+pub use gather::{CachedGather, ReadThroughScratch, gather_cached, read_through};
 
 #[cfg(test)]
 #[path = "cache_tests.rs"]

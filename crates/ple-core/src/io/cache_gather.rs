@@ -73,3 +73,53 @@ pub fn gather_cached(
     g.misses = ids.len() as u64 - g.hits;
     Ok(g)
 }
+
+/// Reusable buffers of [`read_through`] (kept by the worker between steps).
+#[derive(Debug, Default)]
+pub struct ReadThroughScratch {
+    miss_ids: Vec<u64>,
+    miss_pos: Vec<usize>,
+    miss_rows: Vec<u8>,
+}
+
+/// Fills `out` with rows `ids` (laid out as [`gather`](crate::io::gather::gather)) through
+/// `cache`: cached rows are copied from it; the others are read together by `read_misses` (ids,
+/// their output buffer), copied into place and inserted. Returns what `read_misses` returned (None
+/// when every row was cached) and the hit count; misses = `ids.len()` - hits.
+pub fn read_through<R>(
+    cache: &RowCache,
+    ids: &[u64],
+    out: &mut [u8],
+    scratch: &mut ReadThroughScratch,
+    read_misses: impl FnOnce(&[u64], &mut [u8]) -> Result<R>,
+) -> Result<(Option<R>, u64)> {
+    let rb = cache.row_bytes();
+    if out.len() < ids.len() * rb {
+        return crate::invalid!("staging too small for {} rows of {rb} bytes", ids.len());
+    }
+    let s = scratch;
+    s.miss_ids.clear();
+    s.miss_pos.clear();
+    for (i, (&r, o)) in ids.iter().zip(out.chunks_exact_mut(rb)).enumerate() {
+        if !cache.lookup(r, o) {
+            s.miss_ids.push(r);
+            s.miss_pos.push(i);
+        }
+    }
+    let hits = (ids.len() - s.miss_ids.len()) as u64;
+    if s.miss_ids.is_empty() {
+        return Ok((None, hits));
+    }
+    s.miss_rows.resize(s.miss_ids.len() * rb, 0);
+    let r = read_misses(&s.miss_ids, &mut s.miss_rows)?;
+    for ((&id, &i), row) in s
+        .miss_ids
+        .iter()
+        .zip(&s.miss_pos)
+        .zip(s.miss_rows.chunks_exact(rb))
+    {
+        out[i * rb..(i + 1) * rb].copy_from_slice(row);
+        cache.insert(id, row);
+    }
+    Ok((Some(r), hits))
+}

@@ -3,6 +3,7 @@
 //! 16 rows start at `t * 16 * row_bytes`. No padding, no other stride.
 
 use crate::error::{Error, Result};
+use crate::io::guard;
 use crate::io::prefetch::{PAGE_SHIFT, PageRange, PageSet};
 use crate::stats::{IoDelta, measure};
 use std::sync::Mutex;
@@ -12,30 +13,19 @@ use std::time::{Duration, Instant};
 /// it saves for a decode step).
 pub const PARALLEL_MIN_ROWS: usize = 1024;
 
-#[inline(always)]
-fn copy_fixed<const N: usize>(src: &[u8], ids: &[u64], out: &mut [u8]) {
-    for (o, &r) in out.chunks_exact_mut(N).zip(ids) {
-        let s = r as usize * N;
-        let row: &[u8; N] = src[s..s + N].try_into().expect("row in bounds");
-        let o: &mut [u8; N] = o.try_into().expect("N bytes");
-        *o = *row;
-    }
+/// Gathers `ids` from `src` (the row file, rows of `row_bytes`) into `out` on the calling thread,
+/// guarded against SIGBUS ([`guard::copy_rows`]: a truncated or failing file is an `Error::Io`).
+/// The ids must have been checked against the table size (see [`check_ids`]).
+pub fn gather_serial(src: &[u8], row_bytes: usize, ids: &[u64], out: &mut [u8]) -> Result<()> {
+    guard::copy_rows(src, row_bytes, ids, &mut out[..ids.len() * row_bytes])
 }
 
-/// Gathers `ids` from `src` (the row file, rows of `row_bytes`) into `out` on the calling thread.
-/// The ids must have been checked against the table size (see [`check_ids`]).
-pub fn gather_serial(src: &[u8], row_bytes: usize, ids: &[u64], out: &mut [u8]) {
-    let out = &mut out[..ids.len() * row_bytes];
-    match row_bytes {
-        90 => copy_fixed::<90>(src, ids, out),
-        160 => copy_fixed::<160>(src, ids, out),
-        320 => copy_fixed::<320>(src, ids, out),
-        rb => {
-            for (o, &r) in out.chunks_exact_mut(rb).zip(ids) {
-                let s = r as usize * rb;
-                o.copy_from_slice(&src[s..s + rb]);
-            }
-        }
+/// The first error of parallel tasks.
+fn keep_first(slot: &Mutex<Option<Error>>, r: Result<()>) {
+    if let Err(e) = r {
+        slot.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(e);
     }
 }
 
@@ -93,20 +83,25 @@ pub fn gather_with<T>(
         Some(pool) if runs_on_pool(ids.len(), pool) => {
             let chunk = (ids.len() / (pool.current_num_threads() * 4)).max(256);
             let io = Mutex::new(IoDelta::default());
+            let err = Mutex::new(None);
             let r = pool.in_place_scope(|s| {
                 for (o, i) in out.chunks_mut(chunk * row_bytes).zip(ids.chunks(chunk)) {
-                    let io = &io;
+                    let (io, err) = (&io, &err);
                     s.spawn(move |_| {
-                        let (_, d) = measure(false, || gather_serial(src, row_bytes, i, o));
+                        let (r, d) = measure(false, || gather_serial(src, row_bytes, i, o));
+                        keep_first(err, r);
                         io.lock().unwrap_or_else(|p| p.into_inner()).add(d);
                     });
                 }
                 side()
             });
+            if let Some(e) = err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                return Err(e);
+            }
             Ok((io.into_inner().unwrap_or_else(|p| p.into_inner()), r))
         }
         _ => {
-            gather_serial(src, row_bytes, ids, out);
+            gather_serial(src, row_bytes, ids, out)?;
             Ok((IoDelta::default(), side()))
         }
     }
@@ -117,6 +112,7 @@ pub fn gather_with<T>(
 struct OutPtr(*mut u8);
 // SAFETY: tasks write disjoint rows of the buffer, and the scope ends before the buffer is used.
 unsafe impl Send for OutPtr {}
+// SAFETY: as above: no two tasks touch the same bytes through it.
 unsafe impl Sync for OutPtr {}
 
 /// Rows per gather task of the overlapped gather.
@@ -185,6 +181,7 @@ pub fn gather_overlapped(
     }
     let outp = OutPtr(out.as_mut_ptr());
     let io = Mutex::new(IoDelta::default());
+    let task_err = Mutex::new(None);
     let mut err = None;
     pool.in_place_scope(|s| {
         for (k, bucket) in buckets.iter().enumerate() {
@@ -200,31 +197,29 @@ pub fn gather_overlapped(
                 rep.issue_time += t.elapsed();
             }
             for chunk in bucket.chunks(OVERLAP_TASK_ROWS) {
-                let io = &io;
+                let (io, task_err) = (&io, &task_err);
                 s.spawn(move |_| {
                     let o = outp;
-                    let (_, d) = measure(false, || {
+                    let (r, d) = measure(false, || {
                         for &i in chunk {
                             let i = i as usize;
-                            let r = ids[i] as usize;
-                            let row = &src[r * row_bytes..(r + 1) * row_bytes];
                             // SAFETY: row `i` of `out` is in bounds (checked above) and written by
-                            // this task only (each index is in exactly one bucket and chunk).
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    row.as_ptr(),
-                                    o.0.add(i * row_bytes),
-                                    row_bytes,
-                                )
+                            // this task only (each index is in exactly one bucket and chunk), so
+                            // this is the only reference to those bytes while the task runs.
+                            let dst = unsafe {
+                                std::slice::from_raw_parts_mut(o.0.add(i * row_bytes), row_bytes)
                             };
+                            guard::copy_rows(src, row_bytes, &ids[i..i + 1], dst)?;
                         }
+                        Ok(())
                     });
+                    keep_first(task_err, r);
                     io.lock().unwrap_or_else(|p| p.into_inner()).add(d);
                 });
             }
         }
     });
-    if let Some(e) = err {
+    if let Some(e) = err.or(task_err.into_inner().unwrap_or_else(|p| p.into_inner())) {
         return Err(e);
     }
     rep.gather_io = *io.lock().unwrap_or_else(|p| p.into_inner());

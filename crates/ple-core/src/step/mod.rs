@@ -4,5 +4,8 @@ mod gpu;
 pub mod options;
 pub mod pipeline;
 
-pub use options::{OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
+pub use options::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
 pub use pipeline::Pipeline;
+
+#[cfg(test)]
+mod io_tests;

@@ -11,13 +11,28 @@ pub const MAX_CACHE_BYTES: u64 = 1 << 40;
 /// When a step's pages are advised to the kernel (`MADV_WILLNEED`) before the gather.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PrefetchPolicy {
-    /// Steps of at least `prefetch_min_rows` rows, unless a residency sample finds them cached.
+    /// Steps of at least `prefetch_min_rows` rows (default 1: every step, decode included), unless
+    /// a residency sample finds them cached.
     #[default]
     Auto,
     /// Every step.
     Always,
     /// Never.
     Never,
+}
+
+/// How a handle reads rows from storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IoMode {
+    /// DIRECT when the table is larger than the machine's memory (it cannot stay cached) and
+    /// direct I/O works on its file; MMAP otherwise.
+    #[default]
+    Auto,
+    /// Gather from the read-only mapping through the page cache (prefetch advice before).
+    Mmap,
+    /// `O_DIRECT` reads of exactly the rows' blocks (`io::direct`); `Error::Unsupported` at open
+    /// where the file system refuses direct I/O.
+    Direct,
 }
 
 /// What `submit` does when the ring slot it needs still holds an unconsumed step.
@@ -49,6 +64,15 @@ pub struct OpenOptions {
     /// Bytes for the row cache ([`RowCache`](crate::io::cache::RowCache)), allocated at open;
     /// 0 = no cache. Rows of cached steps are copied from it; misses are read from the table.
     pub cache_bytes: u64,
+    pub io_mode: IoMode,
+    /// DIRECT: issue reads on the `pread` pool even where io_uring works (tests; the environment
+    /// variable `PLE_IO_FORCE_PREAD` does the same for any handle).
+    pub force_pread: bool,
+    /// MMAP: prefetch steps gathered on the worker thread (decode steps) by reading their pages
+    /// through io_uring (true), or with `posix_fadvise(WILLNEED)` per range (false, the default:
+    /// `ple bench` measured io_uring's buffered page reads 2–8× slower for cold decode steps on a
+    /// busy 2-CPU VM). Big steps always use WILLNEED overlapped with the gather.
+    pub uring_prefetch: bool,
 }
 
 impl Default for OpenOptions {
@@ -58,7 +82,7 @@ impl Default for OpenOptions {
             max_in_flight: 2,
             num_threads: 0,
             prefetch_policy: PrefetchPolicy::Auto,
-            prefetch_min_rows: 512,
+            prefetch_min_rows: 1,
             ring_full_policy: RingFullPolicy::Wait,
             wait_timeout_us: 300_000_000,
             history_window: 64,
@@ -67,6 +91,9 @@ impl Default for OpenOptions {
             config_json_path: None,
             checkpoint_dir: None,
             cache_bytes: 0,
+            io_mode: IoMode::Auto,
+            force_pread: false,
+            uring_prefetch: false,
         }
     }
 }

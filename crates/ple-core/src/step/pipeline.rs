@@ -33,12 +33,13 @@ use crate::error::{Error, Result};
 use crate::format::table::Table;
 use crate::format::table::TableInfo;
 use crate::io::cache::{self, RowCache};
+use crate::io::direct::{Backend, DirectReader};
 use crate::io::gather;
 use crate::io::prefetch::{self, PageSet, PageSetBuilder};
 use crate::lookup::context::Batch;
 use crate::stats::Counters;
 use crate::stats::{self, Stats, StepRecord};
-use crate::step::options::{OpenOptions, PrefetchPolicy, RingFullPolicy};
+use crate::step::options::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy};
 use rayon::prelude::*;
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
@@ -314,8 +315,46 @@ struct Shared {
     closing: AtomicBool,
     /// The row cache (`cache_bytes > 0`): steps gather through it (see `run_step`).
     cache: Option<RowCache>,
+    /// DIRECT mode's reader (None: MMAP mode). Used by the worker only; the lock is uncontended.
+    direct: Option<Mutex<DirectReader>>,
+    /// MMAP mode: the io_uring page reads that prefetch steps gathered on the worker thread
+    /// (None: io_uring refused, WILLNEED advice instead). Used by the worker only.
+    uring_prefetch: Option<Mutex<prefetch::UringPrefetcher>>,
     #[cfg(test)]
     hooks: TestHooks,
+}
+
+/// The I/O mode a handle runs with (AUTO resolved) and how its reads are issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoInfo {
+    /// `IoMode::Mmap` or `IoMode::Direct`.
+    pub mode: IoMode,
+    /// DIRECT's backend; None in MMAP mode.
+    pub backend: Option<Backend>,
+}
+
+/// Opens the DIRECT reader `opts.io_mode` asks for: MMAP → none; DIRECT → the reader or its
+/// error (`Unsupported` on tmpfs); AUTO → the reader when the row file is larger than the
+/// machine's memory and direct I/O works on it, else none.
+fn open_direct(table: &Table, opts: &OpenOptions) -> Result<Option<DirectReader>> {
+    let open = || DirectReader::open(table.rows_path(), table.row_bytes(), opts.force_pread);
+    match opts.io_mode {
+        IoMode::Mmap => Ok(None),
+        IoMode::Direct => open().map(Some),
+        IoMode::Auto => {
+            let mem = stats::mem_total_bytes();
+            if mem == 0 || (table.bytes().len() as u64) <= mem {
+                return Ok(None);
+            }
+            match open() {
+                Ok(r) => Ok(Some(r)),
+                Err(e) => {
+                    log::info!("AUTO io mode: MMAP ({e})");
+                    Ok(None)
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -586,9 +625,13 @@ impl Shared {
         let t1 = Instant::now();
         rec.hash_ns = stats::ns(t1 - t0);
 
-        // prefetch decision (AUTO: big steps, unless a residency sample finds their pages cached)
-        // and, when prefetching, the step's sorted page ranges. Steps that do not prefetch count
-        // their distinct pages after they are published (off the critical path).
+        // prefetch decision (AUTO: steps of at least `prefetch_min_rows` rows, decode steps
+        // included, unless a residency sample finds their pages cached) and, when prefetching,
+        // the step's sorted page ranges. Steps that do not prefetch count their distinct pages
+        // after they are published (off the critical path).
+        if let Some(d) = &self.direct {
+            return self.read_direct(d, job, w, rec, t1);
+        }
         let prefetch = match self.opts.prefetch_policy {
             _ if self.cache.is_some() => false,
             PrefetchPolicy::Always => true,
@@ -599,7 +642,13 @@ impl Shared {
                         self.table.bytes(),
                         &w.ids,
                         rb,
-                        (w.ids.len() / 1024).clamp(1, prefetch::RESIDENCY_SAMPLE),
+                        // warm streak: one probe (about 1 µs); after a step that read storage, the
+                        // full sample, so a partly cached step is caught
+                        if w.storage_recently {
+                            prefetch::sample_size(w.ids.len())
+                        } else {
+                            1
+                        },
                     )
             }
         };
@@ -641,6 +690,7 @@ impl Shared {
             rec.gather_ns = stats::ns(t2.elapsed());
         } else if prefetch {
             rec.prefetched = true;
+            rec.storage_reads = w.pages.ranges.len() as u64;
             if w.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 {
                 let r = gather::gather_overlapped(
                     self.table.bytes(),
@@ -657,7 +707,19 @@ impl Shared {
                 rec.prefetch_ns += stats::ns(r.issue_time);
                 rec.gather_ns = stats::ns(t2.elapsed().saturating_sub(r.issue_time));
             } else {
-                let (n, io) = issue(&w.pages.ranges)?;
+                let (n, io) = match &self.uring_prefetch {
+                    Some(u) => {
+                        let len = self.table.bytes().len() as u64;
+                        let (n, reads) = lock(u).prefetch(&w.pages.ranges, len)?;
+                        rec.storage_reads = reads;
+                        let io = stats::IoDelta {
+                            read_bytes: stats::thread_read_bytes_delta(),
+                            ..Default::default()
+                        };
+                        (n, io)
+                    }
+                    None => issue(&w.pages.ranges)?,
+                };
                 rec.pages_prefetched = n;
                 rec.io.add(io);
                 let t3 = Instant::now();
@@ -689,13 +751,47 @@ impl Shared {
             }
             rec.gather_ns = stats::ns(t2.elapsed());
         }
-        // CUDA handles: the GPU side publishes the step to the device (host-wait mode: after its
-        // host → device copy) before the pipeline publishes it. On error the step fails and
-        // `publish` publishes it to the device as failed.
+        self.upload(job, n * heads * rb, rec)
+    }
+
+    /// DIRECT mode's read of the step's rows (`w.ids`, hashed at `t1`) into its slot.
+    fn read_direct(
+        &self,
+        d: &Mutex<DirectReader>,
+        job: &Job,
+        w: &mut WorkerScratch,
+        mut rec: StepRecord,
+        t1: Instant,
+    ) -> Result<StepRecord> {
+        // SAFETY: the slot is Pending with this job: only the worker touches its buffer.
+        let staging = unsafe { self.staging_mut(job.slot) };
+        let r = if let Some(c) = &self.cache {
+            // the row cache in front of the direct reads: only the rows it misses are read
+            let (r, hits) =
+                cache::read_through(c, &w.ids, staging, &mut w.read_through, |m, o| {
+                    lock(d).read_rows(m, o)
+                })?;
+            rec.cache_hits = hits;
+            rec.cache_misses = w.ids.len() as u64 - hits;
+            r.unwrap_or_default()
+        } else {
+            lock(d).read_rows(&w.ids, staging)?
+        };
+        rec.storage_reads = r.reads;
+        rec.io.read_bytes += r.bytes;
+        w.count_pages_later = true;
+        rec.gather_ns = stats::ns(t1.elapsed());
+        self.upload(job, w.ids.len() * self.table.row_bytes(), rec)
+    }
+
+    /// CUDA handles: the GPU side publishes the step's `bytes` of rows to the device (host-wait
+    /// mode: after its host → device copy) before the pipeline publishes it. On error the step
+    /// fails and `publish` publishes it to the device as failed.
+    fn upload(&self, job: &Job, bytes: usize, mut rec: StepRecord) -> Result<StepRecord> {
         if let Some(g) = &self.gpu {
             self.check_closing()?;
             let t = Instant::now();
-            g.upload(job.slot, n * heads * rb, job.seq, n as u32)?;
+            g.upload(job.slot, bytes, job.seq, job.tokens.len() as u32)?;
             rec.copy_ns = stats::ns(t.elapsed());
         }
         Ok(rec)
@@ -720,6 +816,10 @@ struct WorkerScratch {
     pages: PageSet,
     /// The last step's distinct pages are still to be counted (from `ids`).
     count_pages_later: bool,
+    /// The last step prefetched or took major faults (its rows were not all cached).
+    storage_recently: bool,
+    /// DIRECT mode with a row cache: the misses' buffers.
+    read_through: cache::ReadThroughScratch,
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
@@ -786,6 +886,7 @@ fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
                 // accounting after the step is visible to its waiter: this thread's faults
                 // (and storage reads) since the previous step's, and the distinct pages
                 rec.io.add(stats::thread_io_since_last());
+                w.storage_recently = rec.prefetched || rec.io.major_faults > 0;
                 if w.count_pages_later {
                     rec.unique_pages =
                         w.pages_builder.count_unique(&w.ids, sh.table.row_bytes()) as u64;
@@ -834,6 +935,13 @@ impl Pipeline {
         };
         let table = Table::open(dir, &topts)?;
         let hasher = Hasher::new(table.hash_params())?;
+        let direct = open_direct(&table, &opts)?.map(Mutex::new);
+        let uring_prefetch = match (&direct, opts.prefetch_policy) {
+            (None, PrefetchPolicy::Auto | PrefetchPolicy::Always) if opts.uring_prefetch => {
+                prefetch::UringPrefetcher::open(table.rows_path()).map(Mutex::new)
+            }
+            _ => None,
+        };
         if table.meta().num_heads as usize != crate::model::NUM_HEADS {
             return Err(Error::Unsupported(format!(
                 "tables with {} heads",
@@ -935,6 +1043,8 @@ impl Pipeline {
             stats: Stats::default(),
             closing: AtomicBool::new(false),
             cache,
+            direct,
+            uring_prefetch,
             opts,
             #[cfg(test)]
             hooks: TestHooks::default(),
@@ -996,6 +1106,20 @@ impl Pipeline {
             info.device_wait_supported = g.device_wait_supported();
         }
         info
+    }
+
+    /// The I/O mode the handle runs with and its backend.
+    pub fn io_info(&self) -> IoInfo {
+        match &self.sh.direct {
+            Some(d) => IoInfo {
+                mode: IoMode::Direct,
+                backend: Some(lock(d).backend()),
+            },
+            None => IoInfo {
+                mode: IoMode::Mmap,
+                backend: None,
+            },
+        }
     }
 
     /// The handle's GPU side, if it was opened with `cuda_device >= 0`.

@@ -1,0 +1,332 @@
+//! Cold steps (page cache evicted before each run), in both I/O modes on the same steps, beside
+//! the baselines: (a) prefetch off, (b) MADV_NORMAL readahead, (e) the seed deployment's method.
+
+use super::Ctx;
+use super::memory::{evict, evict_rows};
+use super::steps::{Run, accumulate, run_steps, time_gathers};
+use ple_core::error::{Error, Result};
+use ple_core::io::prefetch::PageSet;
+use ple_core::stats;
+use ple_core::step::{IoMode, Pipeline, PrefetchPolicy};
+use serde_json::{Value, json};
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+/// Cold decode shapes compared across modes and with the seed's method, and their steps per mode.
+pub(crate) const COLD_DECODE: [(&str, usize); 4] = [
+    ("decode 1x1", 60),
+    ("decode 8x1", 60),
+    ("decode 64x1", 30),
+    ("decode 256x1", 12),
+];
+
+pub(crate) const MMAP: &str = "cold MMAP";
+pub(crate) const MMAP_URING: &str = "cold MMAP, io_uring page reads";
+pub(crate) const DIRECT: &str = "cold DIRECT";
+pub(crate) const SEED: &str = "cold, seed method (e)";
+pub(crate) const OFF: &str = "cold MMAP, prefetch off (a)";
+pub(crate) const NORMAL: &str = "cold, MADV_NORMAL readahead (b)";
+
+/// What the cold phase measured.
+pub(crate) struct Cold {
+    pub(crate) runs: Vec<Run>,
+    /// Per cold MMAP prefill chunk: its distinct 4 KiB pages.
+    pub(crate) chunk_pages: Vec<u64>,
+    /// Per DIRECT run (shape, mode): the sector floor of its rows, bytes (each distinct row's
+    /// 512 B blocks).
+    pub(crate) sector_floor: Vec<(String, u64)>,
+    /// DIRECT's backend, or why DIRECT could not run.
+    pub(crate) direct: std::result::Result<String, String>,
+    pub(crate) fully_evicted: bool,
+}
+
+impl Default for Cold {
+    fn default() -> Self {
+        Cold {
+            runs: Vec::new(),
+            chunk_pages: Vec::new(),
+            sector_floor: Vec::new(),
+            direct: Err("not run".into()),
+            fully_evicted: true,
+        }
+    }
+}
+
+impl Cold {
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "runs": self.runs.iter().map(|r| r.json()).collect::<Vec<_>>(),
+            "chunk_unique_pages": self.chunk_pages,
+            "direct_sector_floor_bytes": self.sector_floor.iter()
+                .map(|(s, b)| json!({"shape": s, "bytes": b})).collect::<Vec<_>>(),
+            "direct": match &self.direct { Ok(b) => json!({"backend": b}),
+                                          Err(e) => json!({"unavailable": e}) },
+            "fully_evicted": self.fully_evicted,
+        })
+    }
+    pub(crate) fn find(&self, shape: &str, mode: &str) -> Option<&Run> {
+        self.runs
+            .iter()
+            .find(|r| r.shape == shape && r.mode == mode)
+    }
+}
+
+/// The sector floor of `steps`' rows: per step, every distinct row's 512 B blocks.
+fn sector_floor_bytes(steps: &[Vec<u64>], rb: u64) -> u64 {
+    let mut total = 0;
+    for v in steps {
+        let mut u = v.clone();
+        u.sort_unstable();
+        u.dedup();
+        total += u
+            .iter()
+            .map(|&r| ((r * rb + rb - 1) / 512 - r * rb / 512 + 1) * 512)
+            .sum::<u64>();
+    }
+    total
+}
+
+/// The seed's method on `ids` (one entry per step): a `posix_fadvise(WILLNEED)` for each distinct
+/// 4 KiB page of the step's rows, then the gather, from `map` (MADV_RANDOM) on this thread.
+fn seed_method(
+    ctx: &Ctx,
+    map: &[u8],
+    fd: i32,
+    shape: &str,
+    ids: &[Vec<u64>],
+    res: u64,
+) -> Result<Run> {
+    let rb = ctx.rb;
+    let mut buf = vec![0u8; ids.iter().map(|v| v.len()).max().unwrap_or(0) * rb];
+    let io0 = stats::process_read_bytes().unwrap_or(0);
+    let cpu0 = super::caller_and_engine_cpu_ns();
+    stats::thread_read_bytes_delta(); // this thread's reads so far are not the run's
+    let (lat, io) = stats::measure(true, || -> Result<Vec<u64>> {
+        let mut lat = Vec::with_capacity(ids.len());
+        for v in ids {
+            let t = Instant::now();
+            let pages = PageSet::from_rows(v, rb);
+            for &pg in &pages.pages {
+                let _ = ple_core::sys::fadvise(fd, pg * 4096, 4096, libc::POSIX_FADV_WILLNEED);
+            }
+            ple_core::io::gather::gather_serial(map, rb, v, &mut buf)?;
+            lat.push(stats::ns(t.elapsed()));
+        }
+        Ok(lat)
+    });
+    let lat = lat?;
+    let tokens = (ids.iter().map(|v| v.len()).sum::<usize>() / 16) as u64;
+    Ok(Run {
+        shape: shape.into(),
+        mode: SEED,
+        steps: ids.len(),
+        tokens,
+        rows: tokens * 16,
+        lat_ns: lat,
+        unique_pages: 0,
+        pages_prefetched: 0,
+        major: io.major_faults,
+        minor: io.minor_faults,
+        read_bytes: io.read_bytes,
+        proc_read_bytes: stats::process_read_bytes().unwrap_or(0).saturating_sub(io0),
+        resident_before: res,
+        storage_reads: 0,
+        cpu_ns: super::caller_and_engine_cpu_ns().saturating_sub(cpu0),
+        prefetch_ns: 0,
+        gather_ns: 0,
+    })
+}
+
+/// A second read-only mapping of the row file with `advice`.
+fn map_with(p: &Pipeline, advice: memmap2::Advice) -> Result<memmap2::Mmap> {
+    // SAFETY: a read-only shared mapping of the table's row file, which no one in this process
+    // writes; the bench only reads it.
+    let m = unsafe { memmap2::MmapOptions::new().map(p.table().file()) }
+        .map_err(|e| Error::io("mmap (baseline)", e))?;
+    m.advise(advice)
+        .map_err(|e| Error::io("madvise (baseline)", e))?;
+    Ok(m)
+}
+
+/// The handles and mappings the cold phase compares.
+struct Modes<'a> {
+    never: Pipeline,
+    uring: Pipeline,
+    direct: Option<Pipeline>,
+    normal: memmap2::Mmap,
+    seed: memmap2::Mmap,
+    p: &'a Pipeline,
+}
+
+impl Modes<'_> {
+    fn maps(&self) -> Vec<&[u8]> {
+        let mut m = vec![
+            self.p.table().bytes(),
+            self.never.table().bytes(),
+            self.uring.table().bytes(),
+            &self.normal[..],
+            &self.seed[..],
+        ];
+        m.extend(self.direct.as_ref().map(|d| d.table().bytes()));
+        m
+    }
+}
+
+fn open_modes<'a>(ctx: &'a Ctx, c: &mut Cold) -> Result<Modes<'a>> {
+    let with = |f: &dyn Fn(&mut ple_core::step::OpenOptions)| {
+        let mut o = ctx.opts.clone();
+        f(&mut o);
+        Pipeline::open(&ctx.a.table_dir, o)
+    };
+    let direct = match with(&|o| o.io_mode = IoMode::Direct) {
+        Ok(d) => {
+            c.direct = Ok(d.io_info().backend.map_or("?", |b| b.name()).to_string());
+            Some(d)
+        }
+        Err(e) => {
+            c.direct = Err(e.to_string());
+            None
+        }
+    };
+    Ok(Modes {
+        never: with(&|o| o.prefetch_policy = PrefetchPolicy::Never)?,
+        uring: with(&|o| o.uring_prefetch = true)?,
+        direct,
+        normal: map_with(&ctx.p, memmap2::Advice::Normal)?,
+        seed: map_with(&ctx.p, memmap2::Advice::Random)?,
+        p: &ctx.p,
+    })
+}
+
+pub(crate) fn run(ctx: &Ctx) -> Result<Cold> {
+    let mut c = Cold::default();
+    let m = open_modes(ctx, &mut c)?;
+    cold_chunks(ctx, &m, &mut c)?;
+    cold_decode(ctx, &m, &mut c)?;
+    // (a) and (b) on decode 8x1, after a global eviction each
+    let (maps, file) = (m.maps(), ctx.p.table().file());
+    let i = ctx.shape("decode 8x1");
+    let n = ctx.sc(20).min(ctx.steps[i].len());
+    let r = evict(&maps, file);
+    let mut seq = 1_000_000;
+    c.runs.push(run_steps(
+        &m.never,
+        &ctx.steps[i][..n],
+        &mut seq,
+        "decode 8x1",
+        OFF,
+        r,
+    )?);
+    let r = evict(&maps, file);
+    let ids = &ctx.ids[i][..ctx.sc(3).min(n)];
+    c.runs
+        .push(readahead_run(ctx, &m.normal, "decode 8x1", ids, r)?);
+    Ok(c)
+}
+
+/// Prefill chunks, each after a global eviction: MMAP (prefetch) and DIRECT; one with prefetch
+/// off.
+fn cold_chunks(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
+    let (maps, file) = (m.maps(), ctx.p.table().file());
+    let chunk = ctx.shapes[0].name.clone();
+    let mut seq = ctx.seq.get();
+    let mut seq_d = 0;
+    for (k, st) in ctx.steps[0].iter().take(ctx.sc(3)).enumerate() {
+        let one = std::slice::from_ref(st);
+        let r = evict(&maps, file);
+        c.fully_evicted &= r == 0;
+        c.runs.push(run_steps(m.p, one, &mut seq, &chunk, MMAP, r)?);
+        c.chunk_pages
+            .push(PageSet::from_rows(&ctx.ids[0][k], ctx.rb).len() as u64);
+        if let Some(d) = &m.direct {
+            let r = evict(&maps, file);
+            c.runs
+                .push(run_steps(d, one, &mut seq_d, &chunk, DIRECT, r)?);
+            let f = sector_floor_bytes(&ctx.ids[0][k..k + 1], ctx.rb as u64);
+            c.sector_floor.push((chunk.clone(), f));
+        }
+    }
+    ctx.seq.set(seq);
+    let r = evict(&maps, file);
+    let mut seq_n = 0;
+    c.runs.push(run_steps(
+        &m.never,
+        &ctx.steps[0][..1],
+        &mut seq_n,
+        &chunk,
+        OFF,
+        r,
+    )?);
+    Ok(())
+}
+
+/// Cold decode, paired: per shape, step j of every mode runs back to back (rotating which goes
+/// first), each on its own steps (mode k takes steps k, k + 4, …: no mode reads rows another just
+/// read, so no cache below the page cache favours it) and each right after the pages of its rows
+/// were evicted. Drift of a shared device then moves every mode alike.
+fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
+    let (maps, file) = (m.maps(), ctx.p.table().file());
+    const NM: usize = 4; // MMAP, seed, DIRECT, MMAP with io_uring page reads
+    let mut seqs = [ctx.seq.get(), 0, 2_000_000, 3_000_000];
+    for (name, n) in COLD_DECODE {
+        let i = ctx.shape(name);
+        let n = ctx.sc(n).min(ctx.steps[i].len() / NM);
+        let mut acc: [Option<Run>; NM] = Default::default();
+        for j in 0..n {
+            for r in 0..NM {
+                let k = (j + r) % NM;
+                let s = j * NM + k;
+                let (st, ids) = (&ctx.steps[i][s..s + 1], &ctx.ids[i][s..s + 1]);
+                let res = evict_rows(&maps, file, &ids[0], ctx.rb);
+                c.fully_evicted &= res == 0;
+                let run = match k {
+                    0 => run_steps(m.p, st, &mut seqs[0], name, MMAP, res)?,
+                    1 => seed_method(ctx, &m.seed, file.as_raw_fd(), name, ids, res)?,
+                    2 => match &m.direct {
+                        Some(d) => {
+                            let f = sector_floor_bytes(ids, ctx.rb as u64);
+                            c.sector_floor.push((name.to_string(), f));
+                            run_steps(d, st, &mut seqs[2], name, DIRECT, res)?
+                        }
+                        None => continue,
+                    },
+                    _ => run_steps(&m.uring, st, &mut seqs[3], name, MMAP_URING, res)?,
+                };
+                accumulate(&mut acc[k], run);
+            }
+        }
+        c.runs.extend(acc.into_iter().flatten());
+    }
+    ctx.seq.set(seqs[0]);
+    Ok(())
+}
+
+/// (b): gathers of `ids` from a MADV_NORMAL mapping (default readahead), for read amplification.
+fn readahead_run(ctx: &Ctx, normal: &[u8], name: &str, ids: &[Vec<u64>], res: u64) -> Result<Run> {
+    let io0 = stats::process_read_bytes().unwrap_or(0);
+    let cpu0 = super::caller_and_engine_cpu_ns();
+    stats::thread_read_bytes_delta(); // this thread's reads so far are not the run's
+    let (r, mut io) = stats::measure(true, || time_gathers(normal, ctx.rb, ids, ctx.p.pool()));
+    let (lat, pool_io) = r?;
+    io.add(pool_io);
+    let tokens = (ids.iter().map(|v| v.len()).sum::<usize>() / 16) as u64;
+    Ok(Run {
+        shape: name.into(),
+        mode: NORMAL,
+        steps: ids.len(),
+        tokens,
+        rows: tokens * 16,
+        lat_ns: lat,
+        unique_pages: 0,
+        pages_prefetched: 0,
+        major: io.major_faults,
+        minor: io.minor_faults,
+        read_bytes: io.read_bytes,
+        proc_read_bytes: stats::process_read_bytes().unwrap_or(0).saturating_sub(io0),
+        resident_before: res,
+        storage_reads: 0,
+        cpu_ns: super::caller_and_engine_cpu_ns().saturating_sub(cpu0),
+        prefetch_ns: 0,
+        gather_ns: 0,
+    })
+}

@@ -1,0 +1,215 @@
+//! `ple bench <table_dir> [--json FILE]`: the step pipeline on realistic steps, warm and cold,
+//! in both I/O modes, against baselines measured in the same run.
+//!
+//! Steps: a 2,048-token prefill chunk, and decode steps of 1, 8, 64 and 256 requests × 1 and 4
+//! tokens, over English token streams ([`ple_testkit::corpus`]). Each step is `submit` → `wait` →
+//! `release_step` on a handle with default options and `io_mode` MMAP, or DIRECT.
+//!
+//! - **warm**: each shape's steps are run once untimed (pages cached and mapped), then timed.
+//! - **cold**: the table's pages are evicted first (`MADV_DONTNEED` on every mapping of it in the
+//!   process, then `POSIX_FADV_DONTNEED` on the file; residency is checked with mincore).
+//!
+//! Baselines: (a) the same cold steps with prefetch off (`PLE_PREFETCH_NEVER`: MADV_RANDOM faults
+//! only); (b) default readahead: the same cold decode gathers from a second mapping advised
+//! MADV_NORMAL, for read amplification; (c) the memory floor: the same gathers (same pool) from an
+//! anonymous in-RAM copy of the rows touched, kept at their file offsets so addresses and TLB reach
+//! match (4 KiB pages: MADV_NOHUGEPAGE); (d) the storage floor ([`floor`]): random O_DIRECT reads
+//! through io_uring at QD 1/64/128, 512 B and 4 KiB, beside fio's figures; (e) the seed
+//! deployment's method on the same cold decode rows: a `posix_fadvise(WILLNEED)` per distinct page,
+//! then the gather, from a MADV_RANDOM mapping.
+
+mod cold;
+mod floor;
+mod memory;
+mod report;
+mod steps;
+mod warm;
+
+use crate::cli::BenchArgs;
+use ple_core::error::Result;
+use ple_core::format::table::TableMeta;
+use ple_core::stats;
+use ple_core::step::{IoMode, OpenOptions, Pipeline};
+use ple_testkit::corpus::Corpus;
+use serde_json::{Value, json};
+use std::time::Instant;
+use steps::{Shape, Step, ids_of, make_steps};
+
+/// What every phase of the bench shares.
+pub(crate) struct Ctx<'a> {
+    pub(crate) a: &'a BenchArgs,
+    pub(crate) opts: OpenOptions,
+    /// The MMAP handle (default options otherwise).
+    pub(crate) p: Pipeline,
+    pub(crate) meta: TableMeta,
+    pub(crate) rb: usize,
+    pub(crate) file_bytes: u64,
+    pub(crate) shapes: Vec<Shape>,
+    pub(crate) steps: Vec<Vec<Step>>,
+    pub(crate) ids: Vec<Vec<Vec<u64>>>,
+    /// Per shape: rows and distinct rows over all its steps.
+    pub(crate) uniq: Vec<Value>,
+    /// The last seq submitted on `p`.
+    pub(crate) seq: std::cell::Cell<u64>,
+}
+
+impl Ctx<'_> {
+    /// `n` scaled by `--scale`, at least 1.
+    pub(crate) fn sc(&self, n: usize) -> usize {
+        ((n as f64 * self.a.scale).round() as usize).max(1)
+    }
+    /// Index of the shape named `name`.
+    pub(crate) fn shape(&self, name: &str) -> usize {
+        self.shapes
+            .iter()
+            .position(|s| s.name == name)
+            .expect("bench shape")
+    }
+}
+
+/// Threads of libple: the worker, the gather pool, the pread pool, io_uring's kernel workers.
+const ENGINE_THREADS: [&str; 4] = ["ple-worker", "ple-pool", "ple-pread", "iou-"];
+
+/// CPU time of libple's threads so far (not the caller's: its wait is not the engine's work), ns.
+pub(crate) fn engine_cpu_ns() -> u64 {
+    ple_core::sys::threads_cpu_ns(&ENGINE_THREADS)
+}
+
+/// CPU time of the calling thread and libple's threads so far (baselines run on the caller), ns.
+pub(crate) fn caller_and_engine_cpu_ns() -> u64 {
+    ple_core::sys::thread_cpu_ns() + engine_cpu_ns()
+}
+
+/// Decode shapes: (requests, tokens per request, steps).
+const DECODE: [(usize, usize, usize); 8] = [
+    (1, 1, 300),
+    (8, 1, 300),
+    (64, 1, 150),
+    (256, 1, 60),
+    (1, 4, 300),
+    (8, 4, 200),
+    (64, 4, 60),
+    (256, 4, 25),
+];
+
+fn setup(a: &BenchArgs) -> Result<Ctx<'_>> {
+    let opts = OpenOptions {
+        num_threads: a.threads,
+        io_mode: IoMode::Mmap,
+        ..OpenOptions::default()
+    };
+    let p = Pipeline::open(&a.table_dir, opts.clone())?;
+    let meta = p.table().meta().clone();
+    let eos = meta.hash.eos_token_id;
+    let corpus = Corpus::new(meta.hash.vocab_size, eos);
+    let sc = |n: usize| ((n as f64 * a.scale).round() as usize).max(1);
+    let mut shapes = vec![Shape {
+        name: "prefill 1x2048".into(),
+        reqs: 1,
+        toks: 2048,
+        steps: sc(8),
+    }];
+    for &(r, t, n) in &DECODE {
+        shapes.push(Shape {
+            name: format!("decode {r}x{t}"),
+            reqs: r,
+            toks: t,
+            steps: sc(n),
+        });
+    }
+    let steps: Vec<Vec<Step>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| make_steps(&corpus, s, i as u64 + 1, eos))
+        .collect();
+    let ids: Vec<Vec<Vec<u64>>> = steps
+        .iter()
+        .map(|v| v.iter().map(|st| ids_of(&p, st)).collect::<Result<_>>())
+        .collect::<Result<_>>()?;
+    let uniq = shapes
+        .iter()
+        .zip(&ids)
+        .map(|(s, v)| {
+            let all: usize = v.iter().map(|x| x.len()).sum();
+            let mut u: Vec<u64> = v.iter().flatten().copied().collect();
+            u.sort_unstable();
+            u.dedup();
+            json!({"shape": s.name, "rows": all, "distinct_rows": u.len()})
+        })
+        .collect::<Vec<_>>();
+    println!(
+        "token streams: {} distinct words of public-domain English, Markov-generated; prefill \
+         chunk distinct rows {:.0}%",
+        corpus.vocab_used,
+        100.0 * uniq[0]["distinct_rows"].as_f64().unwrap_or(0.0)
+            / uniq[0]["rows"].as_f64().unwrap_or(1.0)
+    );
+    Ok(Ctx {
+        a,
+        opts,
+        file_bytes: p.table().bytes().len() as u64,
+        rb: meta.row_bytes as usize,
+        p,
+        meta,
+        shapes,
+        steps,
+        ids,
+        uniq,
+        seq: std::cell::Cell::new(0),
+    })
+}
+
+pub fn run(a: &BenchArgs) -> Result<()> {
+    let t_start = Instant::now();
+    let ctx = setup(a)?;
+    let ra_kb = ple_core::sys::read_ahead_kb(ctx.p.table().rows_path());
+    println!(
+        "ple bench: {} ({} rows × {} B {}, {:.2} GiB), {} pool threads, {} CPUs, MemAvailable \
+         {:.1} GiB, device read_ahead_kb {}",
+        a.table_dir.display(),
+        ctx.meta.total_rows,
+        ctx.rb,
+        ctx.meta.row_format.name(),
+        ctx.file_bytes as f64 / (1u64 << 30) as f64,
+        ctx.p.pool().current_num_threads(),
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        stats::mem_available_bytes() as f64 / (1u64 << 30) as f64,
+        ra_kb.map_or("?".into(), |k| k.to_string()),
+    );
+    stats::thread_read_bytes_delta();
+    let warm = warm::run(&ctx)?;
+    let fl = floor::measure(ctx.p.table().rows_path(), ctx.file_bytes, a.scale);
+    fl.print();
+    let cold = if a.warm_only {
+        cold::Cold::default()
+    } else {
+        cold::run(&ctx)?
+    };
+    let ratios = report::print(&ctx, &warm, &fl, &cold);
+    let elapsed = t_start.elapsed();
+    println!("\nbench took {:.1} s", elapsed.as_secs_f64());
+    if let Some(path) = &a.json {
+        let j = json!({
+            "table": {
+                "dir": a.table_dir.display().to_string(), "format": ctx.meta.row_format.name(),
+                "row_bytes": ctx.rb, "total_rows": ctx.meta.total_rows,
+                "file_bytes": ctx.file_bytes,
+            },
+            "machine": {
+                "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+                "pool_threads": ctx.p.pool().current_num_threads(),
+                "mem_available_bytes": stats::mem_available_bytes(), "read_ahead_kb": ra_kb,
+            },
+            "streams": ctx.uniq,
+            "warm": warm.json(),
+            "storage_floor": fl.json(),
+            "cold": cold.json(),
+            "ratios": ratios,
+            "elapsed_s": elapsed.as_secs_f64(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&j).expect("json"))
+            .map_err(|e| ple_core::Error::io_path("writing", path, e))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,261 @@
+//! The bench's tables and its ratios against their targets.
+
+use super::Ctx;
+use super::cold::{COLD_DECODE, Cold, DIRECT, MMAP, MMAP_URING, OFF, SEED};
+use super::floor::Floor;
+use super::steps::{Run, pct};
+use super::warm::Warm;
+use serde_json::{Value, json};
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "meets target" } else { "MISSES target" }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn print_runs<'a>(runs: impl Iterator<Item = &'a Run>) {
+    println!(
+        "{:<16} {:<32} {:>5} {:>9} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "shape",
+        "mode",
+        "steps",
+        "p50 ms",
+        "p99 ms",
+        "rows/s",
+        "KiB/token",
+        "majf/tok",
+        "reads/stp",
+        "KiB/stp",
+        "CPU µs/st",
+        "pf µs/st",
+        "rd µs/st"
+    );
+    for r in runs {
+        let (ma, _) = r.faults_per_token();
+        let st = r.steps.max(1) as f64;
+        println!(
+            "{:<16} {:<32} {:>5} {:>9.3} {:>9.3} {:>11.0} {:>10.2} {:>9.3} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            r.shape,
+            r.mode,
+            r.steps,
+            r.p50(),
+            r.p99(),
+            r.rows_per_s(),
+            r.kib_per_token(),
+            ma,
+            r.storage_reads as f64 / st,
+            r.read_bytes as f64 / 1024.0 / st,
+            r.cpu_us_per_step(),
+            r.prefetch_ns as f64 / 1e3 / st,
+            r.gather_ns as f64 / 1e3 / st,
+        );
+    }
+}
+
+fn print_warm_detail(w: &Warm) {
+    println!();
+    println!("warm steps, stages (mean per step, µs; queue = submit until the worker starts it):");
+    println!(
+        "  {:<16} {:>9} {:>9} {:>14} {:>9} {:>15} {:>9}",
+        "shape", "queue", "hash", "pages+prefetch", "gather", "submit->done", "prefetch"
+    );
+    for st in &w.stages {
+        let f = |k: &str| st[k].as_f64().unwrap_or(0.0);
+        println!(
+            "  {:<16} {:>9.1} {:>9.1} {:>14.1} {:>9.1} {:>15.1} {:>9}",
+            st["shape"].as_str().unwrap_or(""),
+            f("queue_us"),
+            f("hash_us"),
+            f("pages_and_prefetch_us"),
+            f("gather_us"),
+            f("submit_to_done_us"),
+            st["prefetch_steps"].as_u64().unwrap_or(0),
+        );
+    }
+    println!();
+    println!(
+        "warm step vs its gather alone, both on the pipeline's worker thread (and pool): bare = \
+         the same gathers from the mapped table, memory floor (c) = from an anonymous copy of the \
+         touched rows:"
+    );
+    println!(
+        "  {:<16} {:>12} {:>12} {:>12} {:>12}",
+        "shape", "step p50 ms", "bare p50 ms", "floor p50 ms", "floor p99 ms"
+    );
+    for (((name, lat), b), r) in w.floor.iter().zip(&w.bare).zip(&w.runs) {
+        println!(
+            "  {:<16} {:>12.3} {:>12.3} {:>12.3} {:>12.3}",
+            name,
+            r.p50(),
+            pct(b, 50.0) as f64 / 1e6,
+            pct(lat, 50.0) as f64 / 1e6,
+            pct(lat, 99.0) as f64 / 1e6
+        );
+    }
+}
+
+/// Prints everything; returns the ratios as JSON.
+pub(crate) fn print(ctx: &Ctx, w: &Warm, fl: &Floor, c: &Cold) -> Vec<Value> {
+    println!();
+    print_runs(w.runs.iter().chain(&c.runs));
+    print_warm_detail(w);
+    let mut ratios = Vec::new();
+    let mut ratio = |name: &str, value: f64, target: &str, ok: bool| {
+        println!(
+            "  {name:<66} {value:>8.2}  (target {target}: {})",
+            verdict(ok)
+        );
+        ratios.push(json!({"name": name, "value": value, "target": target, "meets": ok}));
+    };
+    println!();
+    println!("ratios:");
+    let chunk = &ctx.shapes[0].name;
+    let warm_chunk = w
+        .runs
+        .iter()
+        .find(|r| &r.shape == chunk)
+        .expect("warm chunk");
+    let v = warm_chunk.p50() / (pct(&w.floor[0].1, 50.0) as f64 / 1e6).max(1e-9);
+    ratio(
+        "warm prefill chunk / in-memory gather (p50)",
+        v,
+        "<= 1.5",
+        v <= 1.5,
+    );
+    let i8 = ctx.shape("decode 8x1");
+    let v = w.runs[i8].p50() / (pct(&w.bare[i8], 50.0) as f64 / 1e6).max(1e-9);
+    ratio(
+        "decode 8x1 submit->wait / bare gather (p50)",
+        v,
+        "<= 1.2",
+        v <= 1.2,
+    );
+    if ctx.a.warm_only {
+        return ratios;
+    }
+    for (name, _) in COLD_DECODE {
+        if let (Some(m), Some(s)) = (c.find(name, MMAP), c.find(name, SEED)) {
+            let v = m.p50() / s.p50().max(1e-9);
+            let t = matches!(name, "decode 8x1" | "decode 64x1");
+            let target = if t { "<= 0.8" } else { "report" };
+            ratio(
+                &format!("cold {name} MMAP / seed method (p50)"),
+                v,
+                target,
+                !t || v <= 0.8,
+            );
+        }
+        if let (Some(m), Some(s)) = (c.find(name, MMAP_URING), c.find(name, SEED)) {
+            let v = m.p50() / s.p50().max(1e-9);
+            ratio(
+                &format!("cold {name} MMAP with io_uring page reads / seed method (p50)"),
+                v,
+                "report",
+                true,
+            );
+        }
+    }
+    let mmap_chunk = median(
+        c.runs
+            .iter()
+            .filter(|r| &r.shape == chunk && r.mode == MMAP)
+            .map(|r| r.p50())
+            .collect(),
+    );
+    if let Some(off) = c.find(chunk, OFF) {
+        let v = off.p50() / mmap_chunk;
+        ratio(
+            "cold prefill chunk MMAP: speed-up of prefetch over prefetch off",
+            v,
+            "> 1",
+            v > 1.0,
+        );
+    }
+    if let Some(iops4k) = fl.iops(4096, 64) {
+        let pages = median(c.chunk_pages.iter().map(|&p| p as f64).collect());
+        let v = mmap_chunk / (pages / iops4k * 1e3);
+        ratio(
+            "cold prefill chunk MMAP / (unique pages / 4 KiB IOPS QD64)",
+            v,
+            "report",
+            true,
+        );
+    }
+    direct_ratios(ctx, fl, c, &mut ratio);
+    if !c.fully_evicted {
+        println!(
+            "  (note: the page cache could not be fully evicted; cold figures are partly warm)"
+        );
+    }
+    ratios
+}
+
+/// The DIRECT targets: decode 8x1 and the prefill chunk against the 512 B floor, bytes per row
+/// against the sector floor, CPU per row read.
+fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f64, &str, bool)) {
+    if let Err(e) = &c.direct {
+        println!("  DIRECT not measured: {e}");
+        return;
+    }
+    let (Some(iops), Some(qd1)) = (fl.iops(512, 64), fl.qd1_ms(512)) else {
+        println!("  DIRECT ratios: no 512 B io_uring floor here");
+        return;
+    };
+    let chunk = &ctx.shapes[0].name;
+    if let Some(d8) = c.find("decode 8x1", DIRECT) {
+        let reads = d8.storage_reads as f64 / d8.steps.max(1) as f64;
+        let v = d8.p50() / (qd1 + reads / iops * 1e3);
+        ratio(
+            "cold decode 8x1 DIRECT / (QD1 latency + its reads / 512 B IOPS QD64)",
+            v,
+            "<= 1.5",
+            v <= 1.5,
+        );
+    }
+    let chunks: Vec<&Run> = c
+        .runs
+        .iter()
+        .filter(|r| &r.shape == chunk && r.mode == DIRECT)
+        .collect();
+    if !chunks.is_empty() {
+        let v = median(
+            chunks
+                .iter()
+                .map(|r| r.p50() / (r.storage_reads as f64 / iops * 1e3))
+                .collect(),
+        );
+        ratio(
+            "cold prefill chunk DIRECT / (its reads / 512 B IOPS QD64)",
+            v,
+            "<= 1.15",
+            v <= 1.15,
+        );
+    }
+    let (mut bytes, mut cpu, mut rows) = (0u64, 0u64, 0u64);
+    for r in c.runs.iter().filter(|r| r.mode == DIRECT) {
+        bytes += r.read_bytes;
+        cpu += r.cpu_ns;
+        rows += r.rows;
+    }
+    let floor: u64 = c.sector_floor.iter().map(|x| x.1).sum();
+    let v = bytes as f64 / floor.max(1) as f64;
+    ratio(
+        "DIRECT storage bytes / sector floor of the rows read",
+        v,
+        "<= 1.2",
+        v <= 1.2,
+    );
+    let v = cpu as f64 / 1e3 / rows.max(1) as f64;
+    ratio(
+        "DIRECT CPU µs of libple threads per row read",
+        v,
+        "<= 1",
+        v <= 1.0,
+    );
+}

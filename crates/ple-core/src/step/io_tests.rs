@@ -1,0 +1,196 @@
+//! The I/O modes through the whole pipeline: DIRECT (io_uring and the pread pool) and MMAP give
+//! the generated rows (`synth::expected_row`, a pure function of the row id); storage failures
+//! fail only the steps they touch.
+
+use crate::error::Error;
+use crate::io::direct::Backend;
+use crate::lookup::context::Batch;
+use crate::model::{RowFormat, splitmix64};
+use crate::step::{IoMode, OpenOptions, Pipeline};
+use crate::synth;
+use std::path::Path;
+
+const SEED: u64 = 7;
+
+fn table_in(dir: &Path, format: RowFormat) {
+    synth::write_table(dir, format, &synth::small_config(2000, 4), SEED).unwrap();
+}
+
+fn open(dir: &Path, mode: IoMode, force_pread: bool) -> crate::error::Result<Pipeline> {
+    Pipeline::open(
+        dir,
+        OpenOptions {
+            max_tokens_per_step: 256,
+            num_threads: 2,
+            wait_timeout_us: 20_000_000,
+            io_mode: mode,
+            force_pread,
+            ..OpenOptions::default()
+        },
+    )
+}
+
+/// A stateless step of `n` requests of one token each, from `seed`.
+struct Step {
+    tokens: Vec<i32>,
+    positions: Vec<i32>,
+    ids: Vec<u64>,
+    qs: Vec<u32>,
+    ctx: Vec<i32>,
+}
+
+impl Step {
+    fn new(seed: u64, n: usize) -> Step {
+        let mut x = seed;
+        let mut tok = || {
+            x = splitmix64(x);
+            (x % 248_000) as i32
+        };
+        Step {
+            tokens: (0..n).map(|_| tok()).collect(),
+            positions: (0..n as i32).map(|i| i + 5).collect(),
+            ids: (1..=n as u64).collect(),
+            qs: (0..=n as u32).collect(),
+            ctx: (0..2 * n).map(|_| tok()).collect(),
+        }
+    }
+    fn batch(&self) -> Batch<'_> {
+        Batch {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            request_ids: &self.ids,
+            query_start: &self.qs,
+            context: Some(&self.ctx),
+        }
+    }
+}
+
+fn row_ids(p: &Pipeline, st: &Step) -> Vec<u64> {
+    let mut ids = vec![0i64; st.tokens.len() * 16];
+    p.ngram_ids(&st.batch(), &mut ids).unwrap();
+    ids.into_iter().map(|i| i as u64).collect()
+}
+
+/// Submits `st` as `seq`; on success checks every row against the generator.
+fn step(p: &Pipeline, seq: u64, st: &Step, format: RowFormat) -> crate::error::Result<()> {
+    p.submit(&st.batch(), seq).unwrap();
+    let r = p.wait(seq, 0);
+    if r.is_ok() {
+        let ids = row_ids(p, st);
+        let rb = format.row_bytes(160);
+        let (ptr, n) = p.packed_rows(seq).unwrap();
+        assert_eq!(n as usize * 16, ids.len());
+        // SAFETY: a Ready step's staging holds `n * 16` rows until it is released below.
+        let rows = unsafe { std::slice::from_raw_parts(ptr, ids.len() * rb) };
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(
+                &rows[i * rb..(i + 1) * rb],
+                &synth::expected_row(SEED, format, id)[..],
+                "step {seq} row {id}"
+            );
+        }
+    }
+    p.release_step(seq).unwrap();
+    r
+}
+
+#[test]
+fn direct_and_mmap_give_the_generated_rows() {
+    for format in [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16] {
+        let d = tempfile::tempdir().unwrap();
+        table_in(d.path(), format);
+        let mmap = open(d.path(), IoMode::Mmap, false).unwrap();
+        assert_eq!(mmap.io_info().mode, IoMode::Mmap);
+        let direct = match open(d.path(), IoMode::Direct, false) {
+            Ok(p) => p,
+            Err(Error::Unsupported(m)) => {
+                eprintln!("(no direct I/O on the temp dir: {m})");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let pread = open(d.path(), IoMode::Direct, true).unwrap();
+        assert_eq!(pread.io_info().backend, Some(Backend::PreadPool));
+        assert_eq!(direct.io_info().mode, IoMode::Direct);
+        for (k, n) in [1usize, 8, 64, 256, 3, 17].into_iter().enumerate() {
+            let st = Step::new(k as u64 * 31 + 1, n);
+            for p in [&mmap, &direct, &pread] {
+                step(p, k as u64 + 1, &st, format).unwrap();
+            }
+        }
+        let c = direct.counters();
+        assert!(c.storage_reads > 0, "{c:?}");
+        // every read is whole aligned blocks, and no more than two blocks per row
+        let a = 512;
+        assert_eq!(c.storage_read_bytes % a, 0);
+        let rows = c.decode_rows + c.prefill_rows;
+        assert!(c.storage_read_bytes <= rows * 2 * 4096, "{c:?}");
+    }
+}
+
+#[test]
+fn truncated_row_file_fails_only_the_steps_it_touches() {
+    let format = RowFormat::Nvfp4;
+    for (mode, pread) in [
+        (IoMode::Mmap, false),
+        (IoMode::Direct, false),
+        (IoMode::Direct, true),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        table_in(d.path(), format);
+        let p = match open(d.path(), mode, pread) {
+            Ok(p) => p,
+            Err(Error::Unsupported(_)) => return,
+            Err(e) => panic!("{e}"),
+        };
+        let rows_path = d.path().join(crate::format::table::ROWS_FILE);
+        let len = std::fs::metadata(&rows_path).unwrap().len();
+        // (each head's rows are a region of the file: cut into the last head's, so that some
+        // single-token steps read past the end and others do not)
+        let cut = len - len / 100;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&rows_path)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        let (mut failed, mut ok) = (0, 0);
+        for k in 0..300u64 {
+            let st = Step::new(k + 1000, 1);
+            let past = row_ids(&p, &st).iter().any(|&r| (r + 1) * 90 > cut);
+            match step(&p, k + 1, &st, format) {
+                Ok(()) => {
+                    assert!(!past, "step {k} read rows past the cut and succeeded");
+                    ok += 1;
+                }
+                Err(e) => {
+                    assert!(past, "step {k} failed without touching the cut: {e}");
+                    let m = e.to_string();
+                    assert!(matches!(e, Error::Io { .. }), "{m}");
+                    assert!(m.contains("row ") && m.contains("offset"), "{m}");
+                    failed += 1;
+                }
+            }
+            if ok > 3 && failed > 3 {
+                break;
+            }
+        }
+        assert!(ok > 3 && failed > 3, "ok {ok} failed {failed}");
+    }
+}
+
+#[test]
+fn direct_on_tmpfs_is_unsupported_and_auto_falls_back() {
+    let Ok(d) = tempfile::tempdir_in("/dev/shm") else {
+        return;
+    };
+    table_in(d.path(), RowFormat::Nvfp4);
+    match open(d.path(), IoMode::Direct, false) {
+        Err(Error::Unsupported(m)) => assert!(m.contains("tmpfs") || m.contains("O_DIRECT"), "{m}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("DIRECT on tmpfs opened"),
+    }
+    let p = open(d.path(), IoMode::Auto, false).unwrap();
+    assert_eq!(p.io_info().mode, IoMode::Mmap);
+    step(&p, 1, &Step::new(5, 8), RowFormat::Nvfp4).unwrap();
+}

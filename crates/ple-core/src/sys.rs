@@ -1,0 +1,221 @@
+//! Thin wrappers over the OS calls the engine and its benchmarks use (statx, statfs, fadvise,
+//! mincore, block-device attributes). Each returns a plain value or an `io::Error`.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::Path;
+
+/// The file's direct-I/O alignment (`statx` `STATX_DIOALIGN`): (memory alignment, offset
+/// alignment) in bytes. `None` where the kernel or file system does not report it (or reports 0,
+/// meaning direct I/O is not supported on this file).
+pub fn dio_align(fd: RawFd) -> Option<(u32, u32)> {
+    // struct statx is 256 bytes; stx_dio_mem_align at byte 152, stx_dio_offset_align at 156
+    // (linux/stat.h). Read from a raw buffer: libc's struct keeps those fields private on gnu.
+    let mut buf = [0u64; 32];
+    // SAFETY: `buf` is 256 bytes, 8-aligned, the size and alignment of `struct statx`; the empty
+    // path with AT_EMPTY_PATH makes statx describe `fd` itself.
+    let rc = unsafe {
+        libc::statx(
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            buf.as_mut_ptr() as *mut libc::statx,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    let mask = buf[0] as u32;
+    if mask & libc::STATX_DIOALIGN == 0 {
+        return None;
+    }
+    let w = buf[19]; // bytes 152..160
+    let (mem, off) = (w as u32, (w >> 32) as u32);
+    (mem > 0 && off > 0).then_some((mem, off))
+}
+
+/// Logical block size of the block device holding `path` (sysfs), if it can be found.
+pub fn logical_block_size(path: &Path) -> Option<u32> {
+    read_queue_attr(path, "logical_block_size")
+        .and_then(|t| t.parse().ok())
+        .filter(|&b: &u32| b.is_power_of_two())
+}
+
+/// `read_ahead_kb` of the block device holding `path`, if it can be found.
+pub fn read_ahead_kb(path: &Path) -> Option<u64> {
+    read_queue_attr(path, "read_ahead_kb").and_then(|t| t.parse().ok())
+}
+
+/// `/sys/dev/block/MAJ:MIN/queue/NAME` of the device holding `path` (or of its parent device,
+/// for a partition), trimmed.
+fn read_queue_attr(path: &Path, name: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    let base = format!("/sys/dev/block/{maj}:{min}");
+    [
+        format!("{base}/queue/{name}"),
+        format!("{base}/../queue/{name}"),
+    ]
+    .iter()
+    .find_map(|q| std::fs::read_to_string(q).ok())
+    .map(|t| t.trim().to_string())
+}
+
+/// Whether `file` lives on tmpfs (or ramfs): memory, where direct I/O has nothing to bypass.
+pub fn on_memory_fs(file: &std::fs::File) -> bool {
+    let mut s = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: fstatfs writes one `struct statfs` into the pointer it is given.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), s.as_mut_ptr()) };
+    if rc != 0 {
+        return false;
+    }
+    // SAFETY: fstatfs succeeded and filled the struct (it was zeroed before, too).
+    let t = unsafe { s.assume_init() }.f_type as u64;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    t == libc::TMPFS_MAGIC as u64 || t == RAMFS_MAGIC
+}
+
+/// `posix_fadvise(fd, off, len, advice)`.
+pub fn fadvise(fd: RawFd, off: u64, len: u64, advice: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: a plain system call on integers; an invalid fd is reported as EBADF.
+    let rc = unsafe { libc::posix_fadvise(fd, off as libc::off_t, len as libc::off_t, advice) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Whether the OS page of `map` holding byte `at` is in the page cache (`mincore` of one page).
+/// `false` for an offset outside the mapping or a failed call.
+pub fn page_resident(map: &[u8], at: usize) -> bool {
+    if at >= map.len() {
+        return false;
+    }
+    let ps = os_page_size();
+    let start = at / ps * ps;
+    let mut v = [0u8; 1];
+    // SAFETY: `start` is OS-page-aligned and inside the mapping (the mapping starts on a page
+    // boundary and `start <= at < len`); one page is asked for and one result byte provided.
+    let rc = unsafe {
+        libc::mincore(
+            map.as_ptr().add(start) as *mut libc::c_void,
+            1,
+            v.as_mut_ptr(),
+        )
+    };
+    rc == 0 && v[0] & 1 == 1
+}
+
+/// `getrusage(who)`, or None where it fails.
+fn rusage(who: libc::c_int) -> Option<libc::rusage> {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one `struct rusage` into the pointer it is given.
+    let rc = unsafe { libc::getrusage(who, ru.as_mut_ptr()) };
+    // SAFETY: it succeeded, so the struct is filled (and it was zeroed before).
+    (rc == 0).then(|| unsafe { ru.assume_init() })
+}
+
+/// Page faults (minor, major) of the calling thread so far (`RUSAGE_THREAD`; 0s if unavailable).
+pub fn thread_faults() -> (u64, u64) {
+    rusage(libc::RUSAGE_THREAD).map_or((0, 0), |r| (r.ru_minflt as u64, r.ru_majflt as u64))
+}
+
+/// Page faults (minor, major) of the whole process so far (0s if unavailable).
+pub fn process_faults() -> (u64, u64) {
+    rusage(libc::RUSAGE_SELF).map_or((0, 0), |r| (r.ru_minflt as u64, r.ru_majflt as u64))
+}
+
+/// CPU time (user + system) of the whole process so far, nanoseconds.
+pub fn process_cpu_ns() -> u64 {
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    rusage(libc::RUSAGE_SELF).map_or(0, |r| tv(r.ru_utime) + tv(r.ru_stime))
+}
+
+/// Process-wide `read_bytes` (`/proc/self/io`), for benchmarks.
+pub fn process_read_bytes() -> Option<u64> {
+    crate::stats::parse_read_bytes(&std::fs::read_to_string("/proc/self/io").ok()?)
+}
+
+/// MemAvailable from /proc/meminfo, bytes (0 if unreadable).
+pub fn mem_available_bytes() -> u64 {
+    meminfo_bytes("MemAvailable:")
+}
+
+/// MemTotal from /proc/meminfo, bytes (0 if unreadable).
+pub fn mem_total_bytes() -> u64 {
+    meminfo_bytes("MemTotal:")
+}
+
+/// The /proc/meminfo field `key` (with its colon), bytes (0 if unreadable).
+fn meminfo_bytes(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The system page size.
+pub fn os_page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+/// (resident, total) pages of a mapping (`mincore`), in OS pages.
+pub fn residency(map: &[u8]) -> (u64, u64) {
+    let ps = os_page_size();
+    let total = map.len().div_ceil(ps);
+    let mut resident = 0u64;
+    // bounded vector: 1 Mi pages per call
+    const CHUNK: usize = 1 << 20;
+    let mut vec = vec![0u8; CHUNK.min(total)];
+    let mut p = 0usize;
+    while p < total {
+        let n = CHUNK.min(total - p);
+        // SAFETY: the range lies inside the mapping (page-aligned start: mappings are), `vec`
+        // holds one byte per page of it.
+        let rc = unsafe {
+            libc::mincore(
+                map.as_ptr().add(p * ps) as *mut libc::c_void,
+                (n * ps).min(map.len() - p * ps),
+                vec.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return (0, total as u64);
+        }
+        resident += vec[..n].iter().filter(|&&b| b & 1 != 0).count() as u64;
+        p += n;
+    }
+    (resident, total as u64)
+}
+
+/// CPU time (ns, from `/proc/self/task/*/schedstat`) of this process's threads whose name starts
+/// with one of `prefixes` (0 where schedstat is unavailable).
+pub fn threads_cpu_ns(prefixes: &[&str]) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            prefixes
+                .iter()
+                .any(|p| comm.starts_with(p))
+                .then(|| std::fs::read_to_string(t.path().join("schedstat")).ok())
+                .flatten()
+        })
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// CPU time (user + system) of the calling thread so far, nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    rusage(libc::RUSAGE_THREAD).map_or(0, |r| tv(r.ru_utime) + tv(r.ru_stime))
+}
