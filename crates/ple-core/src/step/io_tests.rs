@@ -194,3 +194,51 @@ fn direct_on_tmpfs_is_unsupported_and_auto_falls_back() {
     assert_eq!(p.io_info().mode, IoMode::Mmap);
     step(&p, 1, &Step::new(5, 8), RowFormat::Nvfp4).unwrap();
 }
+
+/// DIRECT with a row cache in front (a few rows: heavy eviction; and a roomy one: hits) gives the
+/// generated rows; hits + misses = rows, and only misses are read from storage.
+#[test]
+fn direct_through_the_row_cache_gives_the_generated_rows() {
+    let format = RowFormat::Nvfp4;
+    let d = tempfile::tempdir().unwrap();
+    table_in(d.path(), format);
+    for cache_bytes in [4 * 128u64, 8 << 20] {
+        let p = match Pipeline::open(
+            d.path(),
+            OpenOptions {
+                max_tokens_per_step: 256,
+                num_threads: 2,
+                wait_timeout_us: 20_000_000,
+                io_mode: IoMode::Direct,
+                cache_bytes,
+                ..OpenOptions::default()
+            },
+        ) {
+            Ok(p) => p,
+            Err(Error::Unsupported(m)) => {
+                eprintln!("(no direct I/O on the temp dir: {m})");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut seq = 0;
+        // the same steps three times: the roomy cache serves the second and third
+        for _round in 0..3 {
+            for (k, n) in [1usize, 8, 64, 256, 3].into_iter().enumerate() {
+                seq += 1;
+                let st = Step::new(k as u64 * 7 + 1, n);
+                step(&p, seq, &st, format).unwrap();
+            }
+        }
+        let c = p.counters();
+        let rows = c.decode_rows + c.prefill_rows;
+        assert_eq!(c.cache_hits + c.cache_misses, rows, "{c:?}");
+        if cache_bytes > 1 << 20 {
+            assert!(
+                c.cache_hits * 3 >= rows,
+                "rounds 2 and 3 come from the cache: {c:?}"
+            );
+        }
+        assert!(c.storage_read_bytes <= c.cache_misses * 2 * 4096, "{c:?}");
+    }
+}
