@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* ==============================================================================================
+ * Versions and limits
+ * ============================================================================================== */
+
 /**
  * Major version of this header and library.
  */
@@ -42,6 +46,17 @@
  * Elements of one token's PLE embedding (16 heads x 160).
  */
 #define PLE_EMBED_DIM 2560
+
+/**
+ * Most requests a handle tracks at once (tracked mode). A batch that would track more is refused
+ * with `PLE_E_STATE` (requests are never evicted: an evicted request would read wrong context);
+ * `ple_release_request` forgets finished ones.
+ */
+#define PLE_MAX_TRACKED_REQUESTS 65536
+
+/* ==============================================================================================
+ * Status codes
+ * ============================================================================================== */
 
 /**
  * The values a `ple_status` takes (a C enum, so negative codes need no parentheses).
@@ -93,11 +108,20 @@ typedef enum ple_status_code {
   PLE_E_OUT_OF_MEMORY = -10,
 } ple_status_code;
 
+/* ==============================================================================================
+ * Types: handle, options, table facts, counters, batches, callbacks
+ * ============================================================================================== */
+
 /**
  * Opaque handle to an open table and its step pipeline. Create with `ple_open`, free with
- * `ple_close`. Thread safety: `ple_submit` calls on one handle must come from one thread at a time
- * (they are serialised internally); `ple_wait`, `ple_stats`, `ple_table_info`, `ple_ngram_ids`
- * may be called from any thread concurrently.
+ * `ple_close`. A handle's value is an id, never an address: libple never dereferences it, never
+ * hands the same value out twice in a process, and answers a closed or foreign value with
+ * `PLE_E_INVALID_ARGUMENT`.
+ *
+ * Thread safety: every call may come from any thread. `ple_submit` calls on one handle are
+ * serialised internally (submit from one thread to keep the order of your seqs); `ple_wait`,
+ * `ple_stats`, `ple_table_info`, `ple_ngram_ids` may run concurrently with anything, and
+ * `ple_close` with any of them (see `ple_close`).
  */
 typedef struct ple_handle ple_handle;
 
@@ -108,10 +132,15 @@ typedef struct ple_handle ple_handle;
 typedef int32_t ple_status;
 
 /**
- * Log callback: `level` 1 = error, 2 = warn, 3 = info, 4 = debug, 5 = trace; `message` is valid
- * only during the call. May be called from libple's worker threads.
+ * Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
  */
-typedef void (*ple_log_fn)(int32_t level, const char *message, void *user_data);
+typedef int32_t ple_log_level;
+
+/**
+ * Log callback: `level` a `PLE_LOG_*` value; `message` is valid only during the call. Runs on
+ * libple's own log thread, never inside another libple call (see `ple_set_log_callback`).
+ */
+typedef void (*ple_log_fn)(ple_log_level level, const char *message, void *user_data);
 
 /**
  * When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
@@ -167,7 +196,9 @@ typedef struct ple_options {
    */
   ple_ring_full_policy ring_full_policy;
   /**
-   * Default timeout of `ple_wait` (and of the ring wait), microseconds (default 300 s).
+   * Timeout, in microseconds (default 300 s), of the waits libple makes on the caller's behalf:
+   * in `ple_dequant_cpu`, `ple_packed_rows`, `ple_release_step`, `ple_dequant_fuse` (host wait),
+   * `ple_submit` on a full ring, and the device spin wait. Not used by `ple_wait`.
    */
   uint64_t wait_timeout_us;
   /**
@@ -192,6 +223,12 @@ typedef struct ple_options {
    * with `PLE_E_FORMAT` when its fingerprint differs.
    */
   const char *checkpoint_dir;
+  /**
+   * Bytes of memory for a cache of rows, allocated at open (default 0 = no cache). Rows found
+   * in it are copied from it; others are read from the table and inserted (S3-FIFO eviction).
+   * At most 1 TiB; a nonzero value must hold at least one row.
+   */
+  uint64_t cache_bytes;
   /**
    * `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
    * compiled without it get AUTO through `struct_size`).
@@ -356,6 +393,17 @@ typedef struct ple_counters {
    */
   uint64_t queue_ns;
   /**
+   * Rows copied from the row cache, and rows read from the table on a cache miss (0 without
+   * a cache): their sum is the rows of the steps gathered through the cache.
+   */
+  uint64_t cache_hits;
+  uint64_t cache_misses;
+  /**
+   * Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
+   * `options.cache_bytes`.
+   */
+  uint64_t cache_bytes_used;
+  /**
    * Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
    * `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
    */
@@ -409,6 +457,45 @@ typedef int32_t ple_dtype;
 typedef uint32_t ple_fuse_flags;
 
 /**
+ * One engine step's tokens in per-token form (llama.cpp's `llama_batch` shape), for
+ * `ple_submit_tokens` and `ple_ngram_ids_tokens`: every token carries its own request id and
+ * position, in any order. All arrays are read during the call only.
+ *
+ * Each request's positions in the step must be distinct and consecutive (`p .. p+m-1`, in any
+ * order). Row ids are those of the same tokens in the offsets form (`ple_batch`), and the step's
+ * rows (`ple_packed_rows`, `ple_dequant_*`, the ids of `ple_ngram_ids_tokens`) come in the
+ * caller's token order. Versioned: set `struct_size = sizeof(ple_token_batch)`.
+ */
+typedef struct ple_token_batch {
+  /**
+   * `sizeof(ple_token_batch)` as the caller compiled it.
+   */
+  size_t struct_size;
+  /**
+   * `[num_tokens]` token ids, each in `[0, vocab_size)`.
+   */
+  const int32_t *tokens;
+  /**
+   * `[num_tokens]` position of each token in its request's sequence.
+   */
+  const int32_t *positions;
+  /**
+   * `[num_tokens]` the request each token belongs to.
+   */
+  const uint64_t *token_request_ids;
+  /**
+   * Tokens in the step (1..=max_tokens_per_step).
+   */
+  uint32_t num_tokens;
+  /**
+   * NULL (tracked mode), or `[num_requests][ngram_size - 1]` (stateless mode) with the requests
+   * in order of their first token in `tokens`: the tokens just before the request's lowest
+   * position in the step, oldest first, EOS where the sequence has none.
+   */
+  const int32_t *context;
+} ple_token_batch;
+
+/**
  * Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
  */
 typedef struct ple_pack_options {
@@ -431,6 +518,10 @@ typedef struct ple_pack_options {
  * cancel (the pack then fails with `PLE_E_STATE` and leaves no table behind).
  */
 typedef int32_t (*ple_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user_data);
+
+/* ==============================================================================================
+ * Values of the typed fields and arguments (PLE_FORMAT_*, PLE_DTYPE_*, ...)
+ * ============================================================================================== */
 
 /**
  * Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
@@ -548,9 +639,38 @@ typedef int32_t (*ple_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, vo
  */
 #define PLE_WAIT_SPIN_KERNEL 3
 
+/**
+ * Log level: errors.
+ */
+#define PLE_LOG_ERROR 1
+
+/**
+ * Log level: warnings (and errors).
+ */
+#define PLE_LOG_WARN 2
+
+/**
+ * Log level: information.
+ */
+#define PLE_LOG_INFO 3
+
+/**
+ * Log level: debugging detail (every error returned, with its text).
+ */
+#define PLE_LOG_DEBUG 4
+
+/**
+ * Log level: everything.
+ */
+#define PLE_LOG_TRACE 5
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/* ==============================================================================================
+ * Errors, versions and logging
+ * ============================================================================================== */
 
 /**
  * A static name for a status code ("PLE_OK", "PLE_E_IO", ...; "unknown status" otherwise).
@@ -575,14 +695,32 @@ uint32_t ple_abi_version(void);
 const char *ple_last_error_message(void);
 
 /**
- * Routes libple's log messages to `callback` (NULL removes it). `max_level` (1..5) is the most
+ * Routes libple's log messages to `callback` (NULL removes it). `max_level` (`PLE_LOG_*`) is the most
  * verbose level delivered. Without a callback, messages go to stderr at the level named by the
  * `PLE_LOG` environment variable (default warn), unless the process installed its own Rust logger.
+ *
+ * The callback runs on libple's own `ple-log` thread, shortly after the message was logged,
+ * never inside another libple call and never while libple holds a lock: it may call any libple
+ * function, `ple_wait` and `ple_close` included. A slow callback delays only later messages (at
+ * most 4,096 wait; more are dropped and their number reported). When `ple_set_log_callback`
+ * returns (called from any thread but the callback itself), messages logged before it were
+ * delivered to the old callback, which is no longer running and will not be called again.
+ *
+ * # Safety
+ * `callback`, if not NULL, must be a function safe to call from another thread with `user_data`
+ * until it is replaced or removed.
  */
-ple_status ple_set_log_callback(ple_log_fn callback, int32_t max_level, void *user_data);
+ple_status ple_set_log_callback(ple_log_fn callback, ple_log_level max_level, void *user_data);
+
+/* ==============================================================================================
+ * Handles: open, close, table facts, counters
+ * ============================================================================================== */
 
 /**
  * Fills `options` with the defaults (and `struct_size`). Returns `PLE_E_INVALID_ARGUMENT` on NULL.
+ *
+ * # Safety
+ * `options` is NULL or points to writable memory for one `ple_options`.
  */
 ple_status ple_options_default(struct ple_options *options);
 
@@ -590,80 +728,193 @@ ple_status ple_options_default(struct ple_options *options);
  * Opens the packed table in directory `table_dir` (read-only mmap, MADV_RANDOM), validates it,
  * and starts its step pipeline. `options` may be NULL for the defaults. On success `*out_handle`
  * owns the handle (free it with `ple_close`); on failure it is set to NULL.
+ *
+ * Before anything is allocated, the staging the options ask for (`max_in_flight ×
+ * max_tokens_per_step × 16 × row_bytes` bytes) is compared with the memory the machine can give
+ * (MemAvailable, or the cgroup's `memory.max` headroom when smaller): more is refused with
+ * `PLE_E_OUT_OF_MEMORY` and a message naming the bytes needed. `cuda_device >= 0` on a machine
+ * without a CUDA driver returns `PLE_E_CUDA_UNAVAILABLE`.
+ *
+ * # Safety
+ * `table_dir` is NULL or a NUL-terminated string; `options` is NULL or an initialised
+ * `ple_options` (from `ple_options_default`) whose path fields are NULL or NUL-terminated
+ * strings; `out_handle` is NULL or writable.
  */
 ple_status ple_open(const char *table_dir, const struct ple_options *options, struct ple_handle **out_handle);
 
 /**
- * Closes a handle: stops its worker after the step in flight, unmaps the table, frees everything.
- * NULL is a no-op, and so is closing a handle that is already closed (as long as no later
- * `ple_open` has returned the same pointer). Calls still running on other threads finish first;
- * waits on the closed handle return `PLE_E_STATE`.
+ * Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
+ * have returned, then stops its worker after the step in flight, unmaps the table and frees
+ * everything: when `ple_close` returns nothing of the handle is left running.
+ *
+ * Calls on the handle from other threads that are blocked (`ple_wait`, `ple_submit` on a full
+ * ring, the wait inside `ple_dequant_*`, `ple_packed_rows` and `ple_release_step`) return
+ * `PLE_E_STATE` promptly; a dequant already copying rows finishes its copy first. Calls made
+ * after `ple_close` started get `PLE_E_INVALID_ARGUMENT`. NULL is a no-op, and so is a second
+ * `ple_close` of the same pointer: handle values are never reused within a process, so a stale
+ * pointer never closes another handle.
+ *
+ * # Safety
+ * Safe for any value of `handle`: it is looked up, never dereferenced, and a value that is not
+ * an open handle is ignored (and logged at debug level). It may be called from a libple callback.
  */
 void ple_close(struct ple_handle *handle);
 
 /**
  * Copies facts about the open table into `*info` (set `info->struct_size = sizeof(ple_info)`).
+ *
+ * # Safety
+ * `info` is NULL or points to a writable struct of `info->struct_size` bytes.
  */
 ple_status ple_table_info(const struct ple_handle *handle, struct ple_info *info);
 
 /**
  * Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
  * Residency and MemAvailable are measured at the call: one mincore over the whole table, about
- * 0.15 s for a 4 GiB table on the development VM and proportional to the table's size — poll it
+ * 0.15 s per 4 GiB of table (it grows with the table's size) — poll it
  * now and then, not every step (the other counters cost nothing to keep).
+ *
+ * # Safety
+ * `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
  */
 ple_status ple_stats(const struct ple_handle *handle, struct ple_counters *stats);
+
+/* ==============================================================================================
+ * Steps: submit, wait, host views, CPU dequant, row ids
+ * ============================================================================================== */
 
 /**
  * Submits one engine step. Validates the batch (errors are returned here, nothing is guessed),
  * copies it, updates tracked request history, and returns; a worker then hashes, prefetches,
  * gathers and publishes `done = seq`. `seq` must be greater than every earlier `seq` of this
  * handle (0 is not a valid seq).
+ *
+ * With every ring slot holding a step not yet consumed, `PLE_RING_WAIT` blocks up to the
+ * handle's `wait_timeout_us` (then `PLE_E_TIMEOUT`) and `PLE_RING_ERROR` fails at once with
+ * `PLE_E_STATE`; a `ple_close` meanwhile ends the wait with `PLE_E_STATE`. Tracked mode refuses a
+ * batch that would track more than `PLE_MAX_TRACKED_REQUESTS` requests (`PLE_E_STATE`).
+ *
+ * # Safety
+ * `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states.
  */
 ple_status ple_submit(struct ple_handle *handle, const struct ple_batch *batch, uint64_t seq);
 
 /**
- * Blocks until step `seq` is complete (`done >= seq`), spinning briefly then sleeping.
- * `timeout_us`: microseconds, 0 = the handle's default (`wait_timeout_us`), `UINT64_MAX` = forever.
- * Returns `PLE_OK`, the step's own error, `PLE_E_TIMEOUT`, or `PLE_E_STATE` for a seq never submitted.
+ * Waits until step `seq` is complete (`done >= seq`), spinning briefly then sleeping.
+ *
+ * `timeout_us`: 0 polls (returns at once: `PLE_OK` if the step is complete, `PLE_E_TIMEOUT` if
+ * not; a poll is not counted in `ple_counters.timeouts`); `UINT64_MAX` waits forever; any other
+ * value waits at most that many microseconds. The handle's `wait_timeout_us` plays no part here.
+ * Returns `PLE_OK`, the step's own error if it failed, `PLE_E_TIMEOUT`, `PLE_E_STATE` for a seq
+ * never submitted, or `PLE_E_STATE` when `ple_close` ends the wait. A step already consumed
+ * (`ple_dequant_*`) or released (`ple_release_step`) is still a submitted step: `PLE_OK` once it
+ * is complete, or its own error while its failure is recorded (a consuming call that reported
+ * the failure forgets it). So after `ple_dequant_fuse` in a device-wait mode, `ple_wait(seq)`
+ * tells the engine whether the step the kernel consumed succeeded.
+ *
+ * # Safety
+ * Safe for any argument values (the handle is looked up, never dereferenced).
  */
 ple_status ple_wait(const struct ple_handle *handle, uint64_t seq, uint64_t timeout_us);
 
 /**
  * Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]`, valid
- * until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first.
+ * until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first,
+ * up to the handle's `wait_timeout_us`. Does not consume the step.
+ *
+ * # Safety
+ * `rows` and `num_tokens` are NULL or writable.
  */
 ple_status ple_packed_rows(const struct ple_handle *handle, uint64_t seq, const uint8_t **rows, uint32_t *num_tokens);
 
 /**
  * Releases step `seq`'s staging slot without dequantising it (the `ple_dequant_*` calls release it
- * themselves). Releasing a step twice, or one that was never submitted, returns `PLE_E_STATE`.
+ * themselves). Waits for the step first, up to the handle's `wait_timeout_us`. Releasing a step
+ * twice, or one that was never submitted, returns `PLE_E_STATE`; releasing a failed step forgets
+ * its error and returns `PLE_OK`.
+ *
+ * # Safety
+ * Safe for any argument values (the handle is looked up, never dereferenced).
  */
 ple_status ple_release_step(struct ple_handle *handle, uint64_t seq);
 
 /**
- * Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of 2560 elements of
- * `out_dtype` (`PLE_DTYPE_*`), row `t` at `out + t * out_stride` elements (`out_stride >= 2560`).
- * `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`. Waits for the step, then releases its slot.
+ * Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of `PLE_EMBED_DIM`
+ * elements of `out_dtype`, row `t` at `out + t * out_stride` elements
+ * (`out_stride >= PLE_EMBED_DIM`). `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`.
+ *
+ * Waits for the step first, up to the handle's `wait_timeout_us` (so a small `wait_timeout_us`
+ * bounds this call too: `PLE_E_TIMEOUT`), then dequantises and releases its slot. The step is
+ * consumed only when the call returns `PLE_OK`: bad arguments, a timeout or a close leave it in
+ * place for a retry. A step that failed returns its own error, and is released by that.
+ *
+ * # Safety
+ * `out` is NULL or valid for reads and writes of `(num_tokens - 1) * out_stride + PLE_EMBED_DIM`
+ * elements of `out_dtype`, aligned for it, and not accessed by anyone else during the call.
  */
 ple_status ple_dequant_cpu(struct ple_handle *handle, uint64_t seq, void *out, ple_dtype out_dtype, size_t out_stride, ple_fuse_flags flags);
 
 /**
  * Computes the 16 row ids of every token of `batch` into `out_ids` (`[num_tokens * 16]`), with no
  * side effects: tracked history is read, not changed.
+ *
+ * # Safety
+ * `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states; `out_ids` is NULL or
+ * writable for `num_tokens * 16` ids.
  */
 ple_status ple_ngram_ids(const struct ple_handle *handle, const struct ple_batch *batch, int64_t *out_ids);
 
 /**
  * Forgets a request's tracked history (tracked mode). Unknown ids are not an error.
+ *
+ * # Safety
+ * Safe for any argument values (the handle is looked up, never dereferenced).
  */
 ple_status ple_release_request(struct ple_handle *handle, uint64_t request_id);
+
+/**
+ * Submits one engine step in per-token form (`ple_token_batch`: tokens in any order, each with
+ * its request id and position). As `ple_submit` of the same tokens grouped by request; the
+ * step's rows come in the caller's token order. Callers of `ple_submit` are unaffected.
+ *
+ * # Safety
+ * `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
+ * it states.
+ */
+ple_status ple_submit_tokens(struct ple_handle *handle, const struct ple_token_batch *batch, uint64_t seq);
+
+/**
+ * `ple_ngram_ids` for a per-token batch: the 16 row ids of every token into `out_ids`
+ * (`[num_tokens * 16]`) in the caller's token order, with no side effects.
+ *
+ * # Safety
+ * `batch` as in `ple_submit_tokens`; `out_ids` is NULL or holds `num_tokens * 16` writable ids.
+ */
+ple_status ple_ngram_ids_tokens(const struct ple_handle *handle, const struct ple_token_batch *batch, int64_t *out_ids);
+
+/* ==============================================================================================
+ * GPU: fused dequant, CUDA Graph mode, device errors
+ * ============================================================================================== */
 
 /**
  * Dequantises step `seq`'s rows into the engine's device buffer `out` (a `CUdeviceptr`) with one
  * kernel enqueued on the engine's `cuda_stream` (a `CUstream`/`cudaStream_t`; libple only
  * enqueues on it). The step is ordered before the kernel by the handle's wait mode. Layout, dtype,
  * stride and flags as in `ple_dequant_cpu`. Needs a handle opened with `cuda_device >= 0`.
+ * `out` must be device memory of the handle's device, aligned to its dtype, holding the step's
+ * tokens: a `cuMemAlloc` allocation must contain them; memory mapped with the VMM API
+ * (`cuMemMap`: PyTorch expandable segments, vLLM) is accepted when the last byte the step writes
+ * is mapped device memory. In device-wait modes the kernel reads the step's rows from libple's
+ * pinned host staging (zero-copy over PCIe): no stream of libple's takes part, so work the engine
+ * queues after this call cannot delay the step. A step that cannot be consumed (it failed on
+ * the host, its wait timed out, the handle closed) is never silent: its kernel fills the output
+ * tokens with NaN and raises a device error (`ple_check_device`); `ple_wait(seq)` returns a
+ * host failure. Refused while `cuda_stream` is being captured (use `ple_dequant_fuse_graph`).
+ *
+ * # Safety
+ * `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL for the legacy
+ * default stream), and `out` a device allocation of that context holding the step's output;
+ * libple only enqueues work on them.
  */
 ple_status ple_dequant_fuse(struct ple_handle *handle, void *cuda_stream, uint64_t seq, void *out, ple_dtype out_dtype, size_t out_stride, ple_fuse_flags flags);
 
@@ -672,8 +923,15 @@ ple_status ple_dequant_fuse(struct ple_handle *handle, void *cuda_stream, uint64
  * replay consumes step `base_seq`". Then capture `ple_dequant_fuse_graph` once and replay it
  * once per step: replay k consumes step `base_seq + k`, so submit steps `base_seq`,
  * `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (the worker
- * reuses a ring slot only after a replay consumed its previous step). Call it when no replay is
- * in flight, and again with the next step after a device error. Needs `cuda_device >= 0`.
+ * reuses a ring slot only after a replay consumed its previous step). Call it on the stream
+ * outside capture (while `cuda_stream` is capturing it returns `PLE_E_INVALID_ARGUMENT`: a
+ * captured prepare would reset the step counter on every replay), when no replay is in flight,
+ * and again with the next step after a device error: ready steps replays already consumed are
+ * then released first, and `base_seq` must come after the last step a replay consumed.
+ * Needs `cuda_device >= 0`.
+ *
+ * # Safety
+ * `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL).
  */
 ple_status ple_graph_prepare(struct ple_handle *handle, void *cuda_stream, uint64_t base_seq);
 
@@ -683,21 +941,41 @@ ple_status ple_graph_prepare(struct ple_handle *handle, void *cuda_stream, uint6
  * `out` (a `CUdeviceptr` holding `capacity_tokens` tokens at `out_stride` elements of `out_dtype`)
  * and the advance to the next step, with no step number baked in: capture this call into a CUDA
  * graph once, after `ple_graph_prepare`. A step with more than `capacity_tokens` tokens is not
- * written and raises a device error (`ple_check_device`). `flags` as in `ple_dequant_fuse`.
+ * written: its tokens up to the capacity are filled with NaN and a device error is raised
+ * (`ple_check_device`). `flags` as in `ple_dequant_fuse`. The graph holds libple's addresses:
+ * stop replaying, synchronise the stream and destroy the graph before `ple_close` (close waits
+ * for a replay that has started, not for one still queued).
+ *
+ * # Safety
+ * `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL), and `out` a
+ * device allocation of that context holding `capacity_tokens` tokens of output for as long as
+ * the captured graph is replayed.
  */
 ple_status ple_dequant_fuse_graph(struct ple_handle *handle, void *cuda_stream, uint32_t capacity_tokens, void *out, ple_dtype out_dtype, size_t out_stride, ple_fuse_flags flags);
 
 /**
  * Reports (and clears) the first error the handle's kernels raised on the device since the last
- * call: a device wait that timed out (`PLE_E_TIMEOUT`), a graph step larger than the captured
- * capacity or a ring slot holding another step (`PLE_E_STATE`). The affected kernels wrote
- * nothing. `PLE_OK` when there was none. Synchronise the stream first to see a kernel's error.
- * `ple_dequant_fuse*` also return a pending device error instead of enqueueing.
+ * call: a device wait that timed out (`PLE_E_TIMEOUT`), a step that failed on the host, a graph
+ * step larger than the captured capacity, a ring slot holding another step, a wait cut short by
+ * `ple_close` (`PLE_E_STATE`). The affected kernels filled their output tokens with NaN (the
+ * canonical quiet NaN of the dtype). `PLE_OK` when there was none. Synchronise the stream first
+ * to see a kernel's error. Later errors while one is pending are not recorded (each launch still
+ * fills NaN). `ple_dequant_fuse*` also return a pending device error instead of enqueueing.
+ *
+ * # Safety
+ * Safe for any argument values (the handle is looked up, never dereferenced).
  */
 ple_status ple_check_device(struct ple_handle *handle);
 
+/* ==============================================================================================
+ * Packing a checkpoint into a table
+ * ============================================================================================== */
+
 /**
  * Fills `options` with the packing defaults.
+ *
+ * # Safety
+ * `options` is NULL or points to writable memory for one `ple_pack_options`.
  */
 ple_status ple_pack_options_default(struct ple_pack_options *options);
 
@@ -705,7 +983,12 @@ ple_status ple_pack_options_default(struct ple_pack_options *options);
  * Packs the checkpoint in `checkpoint_dir` into a table in `out_dir` (created if needed), streaming
  * shard by shard, writing to a temporary name and renaming into place, metadata last. An identical
  * existing table is reused; one from another checkpoint is refused unless `options->force`.
- * `progress` (may be NULL) is called from the calling thread.
+ * `progress` (may be NULL) is called from the calling thread, between writes, while libple holds
+ * no lock: it may call any libple function.
+ *
+ * # Safety
+ * `checkpoint_dir` and `out_dir` are NULL or NUL-terminated strings; `options` is NULL or an
+ * initialised `ple_pack_options`; `progress`, if not NULL, may be called with `user_data`.
  */
 ple_status ple_pack(const char *checkpoint_dir, const char *out_dir, const struct ple_pack_options *options, ple_progress_fn progress, void *user_data);
 

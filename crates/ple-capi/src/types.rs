@@ -8,7 +8,7 @@ use ple_core::invalid;
 use ple_core::io::direct::Backend;
 use ple_core::model::RowFormat;
 use ple_core::stats::Counters;
-use ple_core::step::pipeline::IoInfo;
+use ple_core::step::IoInfo;
 use ple_core::step::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
 use ple_core::{Error, Result};
 use std::ffi::{CStr, c_char, c_void};

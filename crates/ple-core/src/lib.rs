@@ -5,6 +5,8 @@
 //! gather), [`step`] (the submit → worker → done = seq → wait pipeline), [`dequant`] (CPU and GPU),
 //! and [`stats`]. The C ABI (`ple-capi`) wraps this crate; nothing here knows a status code.
 
+#![warn(unreachable_pub)]
+
 pub mod dequant;
 pub mod error;
 pub mod format;
@@ -24,5 +26,9 @@ pub use error::{Error, ErrorKind, Result};
 extern crate self as ple_core;
 #[cfg(test)]
 #[path = "../../ple-testkit/src/synth.rs"]
-#[allow(dead_code, reason = "the unit tests use only the table generator")]
+#[allow(
+    dead_code,
+    unreachable_pub,
+    reason = "the unit tests use only the table generator, privately"
+)]
 mod synth;

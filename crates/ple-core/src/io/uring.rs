@@ -120,7 +120,7 @@ impl Ring {
         while done < reqs.len() {
             while next < reqs.len() && in_flight < self.depth {
                 let r = reqs[next];
-                // SAFETY (pointer arithmetic): `buf_off + len <= cap` was checked above.
+                // SAFETY: pointer arithmetic inside `buf`: `buf_off + len <= cap` was checked above.
                 let ptr = unsafe { base.add(r.buf_off) };
                 let e = match (fixed, self.setup.fixed_file) {
                     (Some(_), true) => opcode::ReadFixed::new(types::Fixed(0), ptr, r.len, 0)

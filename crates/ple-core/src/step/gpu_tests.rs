@@ -4,6 +4,7 @@
 //! checked by `ffi-tests/gpu/device-check.sh`.)
 
 use super::*;
+use crate::dequant::cpu::OutArgs;
 use crate::model::RowFormat;
 use crate::synth;
 

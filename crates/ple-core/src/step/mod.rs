@@ -1,11 +1,20 @@
 //! The step pipeline: submit → worker (hash, prefetch, gather, upload) → `done = seq` → wait.
+//!
+//! [`pipeline`] (open, submit, the handle's API) · `consume` (waits, host views, dequant) ·
+//! `ring` (slots and step status) · `shared` (what all threads share: park, publish, free) ·
+//! `worker` (the worker thread) · `gpu` (graph and device entry points) · [`options`].
 
+mod consume;
 mod gpu;
 pub mod options;
 pub mod pipeline;
+mod ring;
+mod shared;
+mod worker;
 
 pub use options::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
 pub use pipeline::Pipeline;
+pub use shared::IoInfo;
 
 #[cfg(test)]
 mod io_tests;

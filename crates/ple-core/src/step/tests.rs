@@ -2,7 +2,9 @@
 //! `synth::expected_row` (a pure function of the row id), never with what the pipeline read.
 
 use super::*;
+use crate::dequant::cpu as dequant;
 use crate::dequant::cpu::{Dtype, OutArgs};
+use crate::io::gather;
 use crate::step::options::PrefetchPolicy;
 
 const F32_OUT: OutArgs = f32_out(2560);
