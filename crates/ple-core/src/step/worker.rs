@@ -110,22 +110,11 @@ impl Shared {
         Ok(())
     }
 
-    /// MMAP mode: the prefetch decision and the gather of `w.ids` (hashed at `t1`) into the
-    /// step's slot.
-    pub(super) fn gather_mmap(
-        &self,
-        job: &Job,
-        w: &mut WorkerScratch,
-        mut rec: StepRecord,
-        t1: Instant,
-    ) -> Result<StepRecord> {
+    /// MMAP: whether the step prefetches (AUTO: at least `prefetch_min_rows` rows, unless a
+    /// residency sample finds their pages cached; never through the row cache).
+    pub(super) fn wants_prefetch(&self, w: &WorkerScratch) -> bool {
         let rb = self.table.row_bytes();
-
-        // prefetch decision (AUTO: steps of at least `prefetch_min_rows` rows, decode steps
-        // included, unless a residency sample finds their pages cached) and, when prefetching,
-        // the step's sorted page ranges. Steps that do not prefetch count their distinct pages
-        // after they are published (off the critical path).
-        let prefetch = match self.opts.prefetch_policy {
+        match self.opts.prefetch_policy {
             _ if self.cache.is_some() => false,
             PrefetchPolicy::Always => true,
             PrefetchPolicy::Never => false,
@@ -144,7 +133,25 @@ impl Shared {
                         },
                     )
             }
-        };
+        }
+    }
+
+    /// MMAP mode: the prefetch decision and the gather of `w.ids` (hashed at `t1`) into the
+    /// step's slot.
+    pub(super) fn gather_mmap(
+        &self,
+        job: &Job,
+        w: &mut WorkerScratch,
+        mut rec: StepRecord,
+        t1: Instant,
+    ) -> Result<StepRecord> {
+        let rb = self.table.row_bytes();
+
+        // prefetch decision (AUTO: steps of at least `prefetch_min_rows` rows, decode steps
+        // included, unless a residency sample finds their pages cached) and, when prefetching,
+        // the step's sorted page ranges. Steps that do not prefetch count their distinct pages
+        // after they are published (off the critical path).
+        let prefetch = self.wants_prefetch(w);
         if prefetch {
             w.pages_builder.build(&w.ids, rb, &mut w.pages);
             rec.unique_pages = w.pages.len() as u64;
