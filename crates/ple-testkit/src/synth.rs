@@ -368,46 +368,7 @@ pub fn write_checkpoint(dir: &Path, spec: &CheckpointSpec) -> Result<CheckpointI
     let module = prefix.trim_end_matches(".ngram_embedding").to_string();
     std::fs::create_dir_all(dir).map_err(|e| Error::io_path("creating", dir, e))?;
 
-    let scalar = |v: f32| Data::Bytes(v.to_le_bytes().to_vec());
-    // Tensors that are not shards go into the first file.
-    let mut common = vec![TensorOut {
-        name: "model.language_model.embed_tokens.weight".into(),
-        dtype: "BF16",
-        shape: vec![4, 8],
-        data: Data::Bytes((0..64u8).collect()),
-    }];
-    match f {
-        RowFormat::Nvfp4 if spec.scale2_layout != Scale2Layout::PerShard => {
-            common.push(TensorOut {
-                name: format!("{prefix}.weight_scale_2"),
-                dtype: "F32",
-                shape: vec![],
-                data: scalar(spec.global_scale),
-            })
-        }
-        RowFormat::Fp8 => common.push(TensorOut {
-            name: format!("{prefix}.weight_scale"),
-            dtype: "F32",
-            shape: vec![1],
-            data: scalar(spec.global_scale),
-        }),
-        _ => {}
-    }
-    if let Some(h) = &spec.hash_tensors {
-        let ints = |v: &[u64]| Data::Bytes(v.iter().flat_map(|x| x.to_le_bytes()).collect());
-        for (k, v) in [
-            ("layer_multipliers", &h.multipliers),
-            ("ngram_heads_vocab_sizes", &h.head_sizes),
-            ("ngram_heads_offsets", &h.offsets),
-        ] {
-            common.push(TensorOut {
-                name: format!("{module}.{k}"),
-                dtype: "I64",
-                shape: vec![v.len() as u64],
-                data: ints(v),
-            });
-        }
-    }
+    let mut common = common_tensors(spec, &prefix, &module);
 
     let per_file = if spec.single_file || spec.shards_per_file == 0 {
         shards
@@ -478,47 +439,10 @@ pub fn write_checkpoint(dir: &Path, spec: &CheckpointSpec) -> Result<CheckpointI
         files.push(path);
     }
     if !spec.single_file {
-        let index = serde_json::json!({
-            "metadata": { "total_size": total_size },
-            "weight_map": weight_map,
-        });
-        let p = dir.join(ple_core::format::checkpoint::INDEX_FILE);
-        std::fs::write(
-            &p,
-            serde_json::to_string_pretty(&index).expect("index serialises"),
-        )
-        .map_err(|e| Error::io_path("writing", &p, e))?;
+        write_index(dir, total_size, weight_map)?;
     }
     if spec.write_config {
-        let mut tc = serde_json::json!({
-            "model_type": "qwen4_exp_text",
-            "vocab_size": cfg.vocab_size,
-            "eos_token_id": cfg.eos_token_id,
-            "ngram_size": cfg.ngram_size,
-            "heads_per_ngram": cfg.heads_per_ngram,
-            "ple_embed_dim": cfg.ple_embed_dim,
-            "ngram_vocab_size_base": cfg.ngram_vocab_size_base,
-            "make_ngram_vocab_size_divisible_by": cfg.make_ngram_vocab_size_divisible_by,
-            "split_ngram_parts": cfg.split_ngram_parts,
-            "ple_layer_ids": [spec.layer + 1],
-        });
-        if cfg.seed != ple_core::model::SEED {
-            tc["seed"] = cfg.seed.into();
-        }
-        if cfg.ple_layer_index != 0 {
-            tc["ple_layer_index"] = cfg.ple_layer_index.into();
-        }
-        let config = serde_json::json!({
-            "architectures": ["Qwen4ExpForConditionalGeneration"],
-            "model_type": "qwen4_exp",
-            "text_config": tc,
-        });
-        let p = dir.join(ple_core::format::checkpoint::CONFIG_FILE);
-        std::fs::write(
-            &p,
-            serde_json::to_string_pretty(&config).expect("config serialises"),
-        )
-        .map_err(|e| Error::io_path("writing", &p, e))?;
+        write_config(dir, cfg, spec.layer)?;
     }
     Ok(CheckpointInfo {
         files,
@@ -528,6 +452,111 @@ pub fn write_checkpoint(dir: &Path, spec: &CheckpointSpec) -> Result<CheckpointI
         total_rows: total,
         table_bytes: total * f.row_bytes(hd) as u64,
     })
+}
+
+/// A little-endian f32 scalar tensor's bytes.
+fn scalar(v: f32) -> Data {
+    Data::Bytes(v.to_le_bytes().to_vec())
+}
+
+/// The tensors of a checkpoint that are not row shards (they go into the first file): a token
+/// embedding, the global scale where the format has one and the layout puts it here, and the hash
+/// tensors when the spec ships them.
+fn common_tensors(spec: &CheckpointSpec, prefix: &str, module: &str) -> Vec<TensorOut> {
+    let f = spec.format;
+    let mut common = vec![TensorOut {
+        name: "model.language_model.embed_tokens.weight".into(),
+        dtype: "BF16",
+        shape: vec![4, 8],
+        data: Data::Bytes((0..64u8).collect()),
+    }];
+    match f {
+        RowFormat::Nvfp4 if spec.scale2_layout != Scale2Layout::PerShard => {
+            common.push(TensorOut {
+                name: format!("{prefix}.weight_scale_2"),
+                dtype: "F32",
+                shape: vec![],
+                data: scalar(spec.global_scale),
+            })
+        }
+        RowFormat::Fp8 => common.push(TensorOut {
+            name: format!("{prefix}.weight_scale"),
+            dtype: "F32",
+            shape: vec![1],
+            data: scalar(spec.global_scale),
+        }),
+        _ => {}
+    }
+    if let Some(h) = &spec.hash_tensors {
+        let ints = |v: &[u64]| Data::Bytes(v.iter().flat_map(|x| x.to_le_bytes()).collect());
+        for (k, v) in [
+            ("layer_multipliers", &h.multipliers),
+            ("ngram_heads_vocab_sizes", &h.head_sizes),
+            ("ngram_heads_offsets", &h.offsets),
+        ] {
+            common.push(TensorOut {
+                name: format!("{module}.{k}"),
+                dtype: "I64",
+                shape: vec![v.len() as u64],
+                data: ints(v),
+            });
+        }
+    }
+    common
+}
+
+/// Writes `model.safetensors.index.json` with its `weight_map`.
+fn write_index(
+    dir: &Path,
+    total_size: u64,
+    weight_map: serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
+    let index = serde_json::json!({
+        "metadata": { "total_size": total_size },
+        "weight_map": weight_map,
+    });
+    let p = dir.join(ple_core::format::checkpoint::INDEX_FILE);
+    std::fs::write(
+        &p,
+        serde_json::to_string_pretty(&index).expect("index serialises"),
+    )
+    .map_err(|e| Error::io_path("writing", &p, e))?;
+    Ok(())
+}
+
+/// Writes `config.json` with the constants of `cfg` under `text_config` (`seed` and
+/// `ple_layer_index` only where they differ from the model's).
+fn write_config(dir: &Path, cfg: &ModelConfig, layer: u32) -> Result<()> {
+    let mut tc = serde_json::json!({
+        "model_type": "qwen4_exp_text",
+        "vocab_size": cfg.vocab_size,
+        "eos_token_id": cfg.eos_token_id,
+        "ngram_size": cfg.ngram_size,
+        "heads_per_ngram": cfg.heads_per_ngram,
+        "ple_embed_dim": cfg.ple_embed_dim,
+        "ngram_vocab_size_base": cfg.ngram_vocab_size_base,
+        "make_ngram_vocab_size_divisible_by": cfg.make_ngram_vocab_size_divisible_by,
+        "split_ngram_parts": cfg.split_ngram_parts,
+        "ple_layer_ids": [layer + 1],
+    });
+    if cfg.seed != ple_core::model::SEED {
+        tc["seed"] = cfg.seed.into();
+    }
+    if cfg.ple_layer_index != 0 {
+        tc["ple_layer_index"] = cfg.ple_layer_index.into();
+    }
+    let config = serde_json::json!({
+        "architectures": ["Qwen4ExpForConditionalGeneration"],
+        "model_type": "qwen4_exp",
+        "text_config": tc,
+    });
+    let p = dir.join(ple_core::format::checkpoint::CONFIG_FILE);
+    std::fs::write(
+        &p,
+        serde_json::to_string_pretty(&config).expect("config serialises"),
+    )
+    .map_err(|e| Error::io_path("writing", &p, e))?;
+    Ok(())
 }
 
 #[cfg(test)]

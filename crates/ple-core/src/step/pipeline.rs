@@ -392,21 +392,7 @@ impl Pipeline {
         if free(&ring).is_none() {
             let oldest = ring.slots.iter().filter_map(|s| s.seq()).min().unwrap_or(0);
             if sh.opts.ring_full_policy == RingFullPolicy::Error {
-                let target = (seq % ring.slots.len() as u64) as usize;
-                return Err(Error::State(if sh.slot_by_seq {
-                    format!(
-                        "ring full: slot {target} (seq % {}) holds step {} not yet consumed; \
-                         consume steps with ple_dequant_* or ple_release_step",
-                        sh.opts.max_in_flight,
-                        ring.slots[target].seq().unwrap_or(0)
-                    )
-                } else {
-                    format!(
-                        "ring full: all {} slots hold steps not yet consumed (oldest {oldest}); \
-                         consume steps with ple_dequant_* or ple_release_step",
-                        sh.opts.max_in_flight
-                    )
-                }));
+                return Err(sh.ring_full_error(&ring, seq, oldest));
             }
             let t0 = Instant::now();
             let deadline = t0.checked_add(Duration::from_micros(sh.opts.wait_timeout_us));

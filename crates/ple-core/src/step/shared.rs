@@ -354,4 +354,24 @@ impl Shared {
                 .find(|&i| r.slots[i] == SlotState::Free)
         }
     }
+
+    /// The error of a submit that finds its ring slot taken under `RingFullPolicy::Error`
+    /// (`oldest`: the oldest step the ring holds).
+    pub(super) fn ring_full_error(&self, ring: &Ring, seq: u64, oldest: u64) -> Error {
+        let target = (seq % ring.slots.len() as u64) as usize;
+        Error::State(if self.slot_by_seq {
+            format!(
+                "ring full: slot {target} (seq % {}) holds step {} not yet consumed; \
+                 consume steps with ple_dequant_* or ple_release_step",
+                self.opts.max_in_flight,
+                ring.slots[target].seq().unwrap_or(0)
+            )
+        } else {
+            format!(
+                "ring full: all {} slots hold steps not yet consumed (oldest {oldest}); \
+                 consume steps with ple_dequant_* or ple_release_step",
+                self.opts.max_in_flight
+            )
+        })
+    }
 }
