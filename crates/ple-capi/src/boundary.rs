@@ -33,15 +33,8 @@ pub(crate) fn report(e: &Error) -> ple_status {
     status_of(e)
 }
 
-pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic payload".to_string()
-    }
-}
+/// The message of a caught panic (one home: the core's `panic_text`).
+pub(crate) use ple_core::error::panic_text as panic_message;
 
 /// The panic boundary: runs `body` (returning `Result<()>`), catches any panic, records the error
 /// text, and evaluates to a `ple_status`.

@@ -34,7 +34,7 @@ pub enum Error {
     /// The request is well-formed but not supported by this build or table.
     #[error("unsupported: {0}")]
     Unsupported(String),
-    /// A panic was caught at the C boundary.
+    /// A panic was caught (at the C boundary, in the worker or in a consuming call).
     #[error("internal panic: {0}")]
     Panic(String),
     /// An allocation failed.
@@ -108,4 +108,15 @@ pub enum ErrorKind {
 #[macro_export]
 macro_rules! invalid {
     ($($arg:tt)*) => { Err($crate::error::Error::InvalidArgument(format!($($arg)*))) };
+}
+
+/// The message of a caught panic's payload (`&str` or `String`; anything else is named as such).
+pub fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic payload".to_string()
+    }
 }

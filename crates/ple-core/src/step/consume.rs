@@ -3,9 +3,9 @@
 use super::pipeline::Pipeline;
 use super::ring::*;
 use super::shared::*;
-use super::worker::*;
+
 use crate::dequant::cpu::{self as dequant, OutArgs};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, panic_text};
 use crate::io::gather;
 use crate::stats::{self};
 use std::ffi::c_void;

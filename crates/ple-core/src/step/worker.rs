@@ -2,9 +2,9 @@
 //! device hand-off), publishes `done = seq`, then does the accounting.
 
 use super::shared::*;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, panic_text};
 use crate::format::table::Table;
-use crate::io::cache::{self};
+use crate::io::cache;
 use crate::io::direct::DirectReader;
 use crate::io::gather;
 use crate::io::prefetch::{self, PageSet, PageSetBuilder};
@@ -325,16 +325,6 @@ pub(super) struct WorkerScratch {
     pub(super) storage_recently: bool,
     /// DIRECT mode with a row cache: the misses' buffers.
     pub(super) read_through: cache::ReadThroughScratch,
-}
-
-pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic payload".to_string()
-    }
 }
 
 /// Receives the next job, spinning briefly first (back-to-back steps skip the futex wake-up).
