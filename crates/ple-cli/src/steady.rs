@@ -14,9 +14,9 @@
 //! row-id sequence replayed through an exact LRU of as many rows as the cache holds, an exact LRU
 //! of the 4 KiB pages the same memory holds, and each row-cache policy (at `--sizes` too).
 
+use crate::bench::steps::Step;
 use clap::Args;
 use ple_core::error::{Error, Result};
-use ple_core::lookup::context::Batch;
 use ple_testkit::corpus::Corpus;
 use std::path::PathBuf;
 
@@ -124,28 +124,6 @@ struct Workload {
     chunk: usize,
     eos: i32,
     docs_started: u64,
-}
-
-/// One step's batch, owned (stateless: each span carries its two context tokens).
-#[derive(Default)]
-struct Step {
-    tokens: Vec<i32>,
-    positions: Vec<i32>,
-    request_ids: Vec<u64>,
-    query_start: Vec<u32>,
-    context: Vec<i32>,
-}
-
-impl Step {
-    fn batch(&self) -> Batch<'_> {
-        Batch {
-            tokens: &self.tokens,
-            positions: &self.positions,
-            request_ids: &self.request_ids,
-            query_start: &self.query_start,
-            context: Some(&self.context),
-        }
-    }
 }
 
 /// Documents of a trace file (see the module doc), checked against the vocabulary.
@@ -286,13 +264,9 @@ fn rss_bytes() -> (u64, u64) {
     (field("VmRSS:"), field("RssAnon:"))
 }
 
-fn pct(v: &mut [u64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_unstable();
-    let i = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    v[i.clamp(1, v.len()) - 1] as f64 / 1e3
+/// The nearest-rank `p`-th percentile of nanosecond latencies, in µs.
+fn pct(v: &[u64], p: f64) -> f64 {
+    crate::bench::steps::pct(v, p) as f64 / 1e3
 }
 
 #[path = "steady_ref.rs"]

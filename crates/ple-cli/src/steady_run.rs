@@ -455,7 +455,7 @@ fn repeat(p: &Pipeline, st: &Step, seq: &mut u64, n: usize) -> Result<(f64, u64)
         p.release_step(*seq)?;
     }
     Ok((
-        pct(&mut lat, 50.0),
+        pct(&lat, 50.0),
         p.counters().cache_misses - c0.cache_misses,
     ))
 }

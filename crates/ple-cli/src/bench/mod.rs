@@ -22,7 +22,7 @@ mod cold;
 mod floor;
 mod memory;
 mod report;
-mod steps;
+pub(crate) mod steps;
 mod warm;
 
 use crate::cli::BenchArgs;

@@ -9,8 +9,8 @@ use ple_testkit::corpus::Corpus;
 use serde_json::{Value, json};
 use std::time::Instant;
 
-/// One step's batch, owned.
-#[derive(Clone, Debug)]
+/// One step's batch, owned (stateless: each span carries its context tokens).
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Step {
     pub(crate) tokens: Vec<i32>,
     pub(crate) positions: Vec<i32>,
@@ -99,6 +99,7 @@ pub(crate) struct Run {
     pub(crate) gather_ns: u64,
 }
 
+/// The nearest-rank `p`-th percentile of `v` (0 for an empty `v`).
 pub(crate) fn pct(v: &[u64], p: f64) -> u64 {
     if v.is_empty() {
         return 0;
