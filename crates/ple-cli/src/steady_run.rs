@@ -454,10 +454,7 @@ fn repeat(p: &Pipeline, st: &Step, seq: &mut u64, n: usize) -> Result<(f64, u64)
         lat.push(stats::ns(t.elapsed()));
         p.release_step(*seq)?;
     }
-    Ok((
-        pct(&lat, 50.0),
-        p.counters().cache_misses - c0.cache_misses,
-    ))
+    Ok((pct(&lat, 50.0), p.counters().cache_misses - c0.cache_misses))
 }
 
 /// A decode step whose rows are all cached, on the cached handle, against the same step on a

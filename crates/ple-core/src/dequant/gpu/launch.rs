@@ -12,6 +12,28 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
 impl GpuSide {
+    /// What every dequant launch checks first, with the handle's context pushed (the guard it
+    /// returns pops it): the output arguments, no pending device error, the stream (`call`
+    /// names the entry point), and that `out` holds `tokens` tokens.
+    fn enter_launch(
+        &self,
+        stream: *mut c_void,
+        call: StreamCall,
+        out: u64,
+        args: OutArgs,
+        tokens: u32,
+    ) -> Result<(sys::CUstream, CtxGuard)> {
+        args.check()?;
+        let stream = stream as sys::CUstream;
+        let c = CtxGuard::push(self.ctx)?;
+        if let Some(e) = self.device_error() {
+            return Err(e);
+        }
+        self.check_stream(stream, call)?;
+        self.check_out_ptr(out, args, tokens)?;
+        Ok((stream, c))
+    }
+
     /// Checks the engine's stream: valid, of our context, and not capturing where `call` must
     /// not be captured.
     fn check_stream(&self, stream: sys::CUstream, call: StreamCall) -> Result<()> {
@@ -222,14 +244,7 @@ impl GpuSide {
     ) -> Result<()> {
         self.check_slot(slot, seq)?;
         self.check_tokens(num_tokens, "num_tokens")?;
-        args.check()?;
-        let stream = stream as sys::CUstream;
-        let _c = CtxGuard::push(self.ctx)?;
-        if let Some(e) = self.device_error() {
-            return Err(e);
-        }
-        self.check_stream(stream, StreamCall::Fuse)?;
-        self.check_out_ptr(out, args, num_tokens)?;
+        let (stream, _c) = self.enter_launch(stream, StreamCall::Fuse, out, args, num_tokens)?;
         let mut dp = self.dequant_params(out, args, num_tokens);
         dp.expected = seq;
         dp.expect_n = num_tokens;
@@ -314,14 +329,8 @@ impl GpuSide {
             ));
         }
         self.check_tokens(capacity_tokens, "capacity_tokens")?;
-        args.check()?;
-        let stream = stream as sys::CUstream;
-        let _c = CtxGuard::push(self.ctx)?;
-        if let Some(e) = self.device_error() {
-            return Err(e);
-        }
-        self.check_stream(stream, StreamCall::FuseGraph)?;
-        self.check_out_ptr(out, args, capacity_tokens)?;
+        let (stream, _c) =
+            self.enter_launch(stream, StreamCall::FuseGraph, out, args, capacity_tokens)?;
         let mut wp = self.wait_params(capacity_tokens);
         wp.graph = 1;
         let mut dp = self.dequant_params(out, args, capacity_tokens);
