@@ -29,8 +29,8 @@
 //!   /proc/meminfo).
 
 pub use crate::sys::{
-    mem_available_bytes, mem_total_bytes, os_page_size, process_faults, process_read_bytes,
-    residency, thread_faults,
+    mem_available_bytes, mem_total_bytes, os_page_size, process_read_bytes, residency,
+    thread_faults,
 };
 use std::cell::{Cell, RefCell};
 use std::fs::File;

@@ -76,10 +76,15 @@ pub fn on_memory_fs(file: &std::fs::File) -> bool {
     t == libc::TMPFS_MAGIC as u64 || t == RAMFS_MAGIC
 }
 
+/// A byte offset or length as `off_t`, clamped (offsets of valid tables are below 2^48).
+pub fn off_t(v: u64) -> libc::off_t {
+    libc::off_t::try_from(v).unwrap_or(libc::off_t::MAX)
+}
+
 /// `posix_fadvise(fd, off, len, advice)`.
 pub fn fadvise(fd: RawFd, off: u64, len: u64, advice: libc::c_int) -> std::io::Result<()> {
     // SAFETY: a plain system call on integers; an invalid fd is reported as EBADF.
-    let rc = unsafe { libc::posix_fadvise(fd, off as libc::off_t, len as libc::off_t, advice) };
+    let rc = unsafe { libc::posix_fadvise(fd, off_t(off), off_t(len), advice) };
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
@@ -119,11 +124,6 @@ fn rusage(who: libc::c_int) -> Option<libc::rusage> {
 /// Page faults (minor, major) of the calling thread so far (`RUSAGE_THREAD`; 0s if unavailable).
 pub fn thread_faults() -> (u64, u64) {
     rusage(libc::RUSAGE_THREAD).map_or((0, 0), |r| (r.ru_minflt as u64, r.ru_majflt as u64))
-}
-
-/// Page faults (minor, major) of the whole process so far (0s if unavailable).
-pub fn process_faults() -> (u64, u64) {
-    rusage(libc::RUSAGE_SELF).map_or((0, 0), |r| (r.ru_minflt as u64, r.ru_majflt as u64))
 }
 
 /// CPU time (user + system) of the whole process so far, nanoseconds.

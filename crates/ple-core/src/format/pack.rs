@@ -90,18 +90,9 @@ impl Drop for TempFiles {
     }
 }
 
-/// A byte offset or length as `off_t`, clamped (offsets of valid tables are below 2^48).
-fn off_t(v: u64) -> libc::off_t {
-    libc::off_t::try_from(v).unwrap_or(libc::off_t::MAX)
-}
-
 fn fadvise(f: &File, off: u64, len: u64, advice: libc::c_int) {
     // Advice only: failure changes nothing but caching.
-    // SAFETY: posix_fadvise reads no memory of ours; `f` is an open descriptor that outlives the
-    // call (borrowed), and any offset, length or advice value is merely rejected by the kernel.
-    unsafe {
-        libc::posix_fadvise(f.as_raw_fd(), off_t(off), off_t(len), advice);
-    }
+    let _ = crate::sys::fadvise(f.as_raw_fd(), off, len, advice);
 }
 
 fn sync_range(f: &File, off: u64, len: u64, flags: libc::c_uint) {
@@ -109,7 +100,12 @@ fn sync_range(f: &File, off: u64, len: u64, flags: libc::c_uint) {
     // SAFETY: sync_file_range touches no memory of ours; `f` is an open descriptor borrowed for
     // the call, and bad ranges or flags are rejected by the kernel with an error we ignore.
     unsafe {
-        libc::sync_file_range(f.as_raw_fd(), off_t(off), off_t(len), flags);
+        libc::sync_file_range(
+            f.as_raw_fd(),
+            crate::sys::off_t(off),
+            crate::sys::off_t(len),
+            flags,
+        );
     }
 }
 
@@ -312,7 +308,7 @@ pub fn pack(
 fn reserve(f: &File, total: u64, tmp: &Path) -> Result<()> {
     // SAFETY: fallocate touches no memory of ours; `f` is the open temporary file, and
     // `total` ≤ MAX_FILE_BYTES (validated metadata) fits off_t.
-    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, off_t(total)) };
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, crate::sys::off_t(total)) };
     if r == 0 {
         return Ok(());
     }

@@ -237,23 +237,9 @@ pub fn sample_resident(map: &[u8], rows: &[u64], row_bytes: usize, k: usize) -> 
     })
 }
 
-/// How WILLNEED is issued.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Advise {
-    /// `posix_fadvise(fd, POSIX_FADV_WILLNEED)` on the row file.
-    Fadvise,
-    /// `madvise(MADV_WILLNEED)` on the mapping.
-    Madvise,
-}
-
-/// Issues WILLNEED for `ranges` of the file behind `file` (mapped at `map`), clamped to the file.
-/// Returns the pages covered.
-pub fn prefetch(
-    file: &std::fs::File,
-    map: &[u8],
-    ranges: &[PageRange],
-    how: Advise,
-) -> Result<u64> {
+/// Issues `posix_fadvise(WILLNEED)` for `ranges` of the file behind `file` (mapped at `map`),
+/// clamped to the file. Returns the pages covered.
+pub fn prefetch(file: &std::fs::File, map: &[u8], ranges: &[PageRange]) -> Result<u64> {
     let len = map.len() as u64;
     let mut pages = 0;
     for r in ranges {
@@ -263,33 +249,8 @@ pub fn prefetch(
         }
         let n = (r.count << PAGE_SHIFT).min(len - off);
         pages += n.div_ceil(PAGE);
-        match how {
-            Advise::Fadvise => {
-                crate::sys::fadvise(file.as_raw_fd(), off, n, libc::POSIX_FADV_WILLNEED)
-                    .map_err(|e| Error::io("posix_fadvise(WILLNEED)", e))?;
-            }
-            Advise::Madvise => {
-                // madvise needs an OS-page-aligned start
-                let ps = crate::stats::os_page_size() as u64;
-                let start = off / ps * ps;
-                // SAFETY: `start` is OS-page-aligned and `start..off + n` lies inside the mapping
-                // (`off + n <= len`); MADV_WILLNEED only schedules reads, it changes no contents
-                // and no mapping.
-                let rc = unsafe {
-                    libc::madvise(
-                        map.as_ptr().add(start as usize) as *mut libc::c_void,
-                        (off + n - start) as usize,
-                        libc::MADV_WILLNEED,
-                    )
-                };
-                if rc != 0 {
-                    return Err(Error::io(
-                        "madvise(MADV_WILLNEED)",
-                        std::io::Error::last_os_error(),
-                    ));
-                }
-            }
-        }
+        crate::sys::fadvise(file.as_raw_fd(), off, n, libc::POSIX_FADV_WILLNEED)
+            .map_err(|e| Error::io("posix_fadvise(WILLNEED)", e))?;
     }
     Ok(pages)
 }

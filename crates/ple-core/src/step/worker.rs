@@ -167,12 +167,7 @@ impl Shared {
         // (the worker thread's faults are counted once per step, after publishing; here only
         // the storage reads the advice started)
         let issue = |ranges: &[prefetch::PageRange]| {
-            let n = prefetch::prefetch(
-                self.table.file(),
-                self.table.bytes(),
-                ranges,
-                prefetch::Advise::Fadvise,
-            )?;
+            let n = prefetch::prefetch(self.table.file(), self.table.bytes(), ranges)?;
             let io = stats::IoDelta {
                 read_bytes: stats::thread_read_bytes_delta(),
                 ..Default::default()
