@@ -71,6 +71,21 @@ pub struct SteadyArgs {
     /// default policy's replay at --cache-bytes.
     #[arg(long)]
     pub replay_only: bool,
+    /// I/O mode of the handle: auto, mmap or direct (the all-cached comparison at the end always
+    /// uses a second, MMAP handle).
+    #[arg(long, default_value = "auto", value_parser = parse_io_mode)]
+    pub io_mode: ple_core::step::IoMode,
+}
+
+/// Parses `auto`, `mmap`, `direct`.
+pub fn parse_io_mode(s: &str) -> std::result::Result<ple_core::step::IoMode, String> {
+    use ple_core::step::IoMode;
+    match s {
+        "auto" => Ok(IoMode::Auto),
+        "mmap" => Ok(IoMode::Mmap),
+        "direct" => Ok(IoMode::Direct),
+        _ => Err(format!("unknown I/O mode {s:?} (auto, mmap or direct)")),
+    }
 }
 
 /// Parses `123`, `64K`, `256M`, `1G`, `1T` (powers of 1024).
