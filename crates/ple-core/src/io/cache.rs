@@ -2,19 +2,27 @@
 //!
 //! # Memory
 //! Everything is allocated once, in [`RowCache::new`]; inserting or evicting a row allocates
-//! nothing. Each cached row costs [`RowCache::bytes_per_row`] bytes: the row itself, an 8-byte
-//! header (row id and policy bits, stored in front of the row so the id check and the copy touch
-//! the same cache lines), a 4-byte queue link, 4/3 × 4 bytes of index (an open-addressed table
-//! at load ≤ 0.75 whose entries carry an 8-bit hash tag, so a probe rarely reads a slot), and
-//! for S3-FIFO 0.9 × 4 bytes of ghost fingerprints: 20.9 B of overhead per row with S3-FIFO,
-//! 17.3 B with SIEVE (a 90-byte NVFP4 row costs 110.9 B: 256 MiB holds 2.4 million rows).
+//! nothing. Each cached row costs [`RowCache::bytes_per_row`] bytes: the row itself padded to
+//! whole 8-byte words, an 8-byte header in front of it (row id and policy bits: the id check and
+//! the copy touch the same cache lines), a 4-byte queue link, 4/3 × 4 bytes of index (an
+//! open-addressed table at load ≤ 0.75 whose entries carry an 8-bit hash tag, so a probe rarely
+//! reads a header), and for S3-FIFO 0.9 × 4 bytes of ghost fingerprints: 20.9 B per row besides
+//! the padded row with S3-FIFO, 17.3 B with SIEVE. A 90-byte NVFP4 row costs 116.9 B (256 MiB
+//! holds 2.3 million rows); 160- and 320-byte rows need no padding. Words, not bytes, because a
+//! lookup reads them without a lock (below); packing rows back to back to save the padding
+//! measured 1.6–2.3× slower per hit (`cargo bench --bench row_cache`).
 //! The slot count is chosen so that the whole allocation is at most `cache_bytes`.
 //!
 //! # Concurrency
-//! Rows are spread over up to 256 shards by a hash of the row id; each shard has its own lock
-//! (cache-line aligned) and nothing is shared between shards, so threads gathering different
-//! rows rarely meet: there is no global lock on any path. A hit holds its shard's lock for the
-//! index probe, one row copy and a policy bit update.
+//! Rows are spread over up to 256 shards by a hash of the row id; each shard (cache-line
+//! aligned) has its own lock, taken only by writers (insert, evict), and a sequence counter that
+//! is odd while a writer changes the shard's index, headers or rows. A lookup takes no lock and
+//! writes nothing shared: it reads the counter, probes the index, copies the row, and reads the
+//! counter again; if a writer was inside meanwhile it retries, and after a few tries reads under
+//! the lock (a seqlock). Everything a lookup reads without the lock is an atomic word, so a
+//! racing read is a stale value, never undefined behaviour. The hit's policy bit is set with one
+//! compare-and-swap of the row's header, only when it changes (hot rows: none). Hits and misses
+//! are counted by the callers, once per batch ([`RowCache::record`]).
 //!
 //! # Policies
 //! - [`Policy::S3Fifo`] (the default; Yang et al., SOSP 2023): new rows enter a small FIFO (10%
@@ -29,7 +37,9 @@
 //! access sequence; S3-FIFO is the default because it measured best (see the README, "Row cache").
 
 use crate::error::{Error, Result};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64, fence};
+use std::sync::{Mutex, MutexGuard};
 
 /// Eviction policy of a [`RowCache`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -46,9 +56,11 @@ impl Policy {
             Policy::Sieve => "SIEVE",
         }
     }
-    /// Bytes per row besides the row itself (header, link, index, ghost).
-    fn overhead_per_row(self) -> f64 {
-        let base = HEADER as f64 + 4.0 + 4.0 / MAX_LOAD;
+    /// Bytes per row of `row_bytes` besides the row itself (its padding to whole words, header,
+    /// link, index, ghost).
+    fn overhead_per_row(self, row_bytes: usize) -> f64 {
+        let pad = row_bytes.div_ceil(8) * 8 - row_bytes;
+        let base = (pad + HEADER) as f64 + 4.0 + 4.0 / MAX_LOAD;
         match self {
             Policy::S3Fifo => base + 4.0 * (1.0 - SMALL_FRACTION),
             Policy::Sieve => base,
@@ -59,6 +71,7 @@ impl Policy {
 /// Counters of a [`RowCache`] (rows, except `bytes_used`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheCounters {
+    /// Hits and misses [`RowCache::record`]ed by the callers.
     pub hits: u64,
     pub misses: u64,
     pub inserts: u64,
@@ -91,6 +104,8 @@ const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
 const MAX_SHARD_ROWS: usize = SLOT_MASK as usize;
 /// S3-FIFO: largest frequency kept (2 bits).
 const MAX_FREQ: u8 = 3;
+/// Lock-free tries of a lookup before it reads under the shard's lock.
+const OPTIMISTIC_TRIES: usize = 4;
 
 /// The id hash: all 64 bits depend on every bit of the id (splitmix64's finaliser).
 #[inline]
@@ -116,12 +131,21 @@ pub struct RowCache {
     policy: Policy,
     capacity_rows: usize,
     bytes_per_row: f64,
+    counts: Counts,
+}
+
+/// Hits and misses, added once per batch by the callers (so sharing their cache line costs
+/// nothing measurable).
+#[derive(Default)]
+struct Counts {
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 #[repr(align(128))]
-struct Padded(Mutex<Shard>);
+struct Padded(Shard);
 
-/// Policy state of one shard: queues are singly linked through `Shard::next`, oldest to newest.
+/// Policy state of one shard: queues are singly linked through `State::next`, oldest to newest.
 #[derive(Debug)]
 enum Queues {
     S3Fifo {
@@ -147,15 +171,6 @@ struct Fifo {
     len: usize,
 }
 
-impl Queues {
-    /// Stands in while the queues are borrowed out of the shard.
-    const TAKEN: Queues = Queues::Sieve {
-        fifo: Fifo::EMPTY,
-        hand: NIL,
-        hand_prev: NIL,
-    };
-}
-
 impl Fifo {
     const EMPTY: Fifo = Fifo {
         oldest: NIL,
@@ -164,21 +179,30 @@ impl Fifo {
     };
 }
 
+/// One shard. `index`, `hdr` and `rows` are read by lookups without the lock and written only
+/// under it, between [`Shard::write_begin`] and [`Shard::write_end`] (header policy bits
+/// excepted: they are not part of what a lookup validates).
 struct Shard {
-    /// `cap` slots of `HEADER + row_bytes` bytes.
-    slab: Box<[u8]>,
+    /// Even while no writer is inside; a writer makes it odd, then even again (+2 in all).
+    seq: AtomicU64,
+    /// Open-addressed index: `tag << 24 | slot`, NIL if empty.
+    index: Box<[AtomicU32]>,
+    /// `cap` slots of `stride` words: the header (`id << 8 | policy bits`, EMPTY if never
+    /// filled), then the row (little-endian within each word, the last word padded).
+    slab: Box<[AtomicU64]>,
+    stride: usize,
+    cap: usize,
+    sieve: bool,
+    w: Mutex<State>,
+}
+
+/// What only writers touch (under the shard's lock).
+struct State {
     /// Next-newer slot in the slot's queue.
     next: Box<[u32]>,
-    /// Open-addressed index: `tag << 24 | slot`, NIL if empty.
-    index: Box<[u32]>,
-    cap: usize,
-    /// `HEADER + row_bytes`.
-    stride: usize,
     /// Slots `0..fresh` have been used (the rest were never filled).
     fresh: usize,
     q: Queues,
-    hits: u64,
-    misses: u64,
     inserts: u64,
     evictions: u64,
 }
@@ -191,6 +215,15 @@ fn alloc<T: Copy>(n: usize, v: T, what: &str) -> Result<Box<[T]>> {
     Ok(b.into_boxed_slice())
 }
 
+/// `n` atomics, entry `i` made by `new(i)`.
+fn alloc_atomic<T>(n: usize, new: impl Fn(usize) -> T, what: &str) -> Result<Box<[T]>> {
+    let mut b = Vec::new();
+    b.try_reserve_exact(n)
+        .map_err(|_| Error::OutOfMemory(format!("row cache {what}: {n} entries")))?;
+    b.extend((0..n).map(new));
+    Ok(b.into_boxed_slice())
+}
+
 impl RowCache {
     /// A cache of rows of `row_bytes` whose allocation is at most `cache_bytes`, with the
     /// default policy. Fails when `cache_bytes` holds no row.
@@ -200,7 +233,7 @@ impl RowCache {
 
     /// Bytes one cached row of `row_bytes` costs with `policy` (row + overhead).
     pub fn row_cost(row_bytes: usize, policy: Policy) -> f64 {
-        row_bytes as f64 + policy.overhead_per_row()
+        row_bytes as f64 + policy.overhead_per_row(row_bytes)
     }
 
     /// [`RowCache::new`] with a chosen policy.
@@ -214,8 +247,8 @@ impl RowCache {
         while nshards * 2 <= MAX_SHARDS && est / (nshards * 2) >= MIN_SHARD_ROWS {
             nshards *= 2;
         }
-        // each shard's fixed part, and the rounding up of its index and ghost lengths
-        let fixed = (nshards * (std::mem::size_of::<Padded>() + 8)) as u64
+        // each shard's fixed part, and the rounding up of its index, ghost and row words
+        let fixed = (nshards * (std::mem::size_of::<Padded>() + SHARD_ROUNDING)) as u64
             + std::mem::size_of::<RowCache>() as u64;
         let rows = (cache_bytes.saturating_sub(fixed) as f64 / per_row).floor() as usize;
         let per_shard = rows / nshards;
@@ -232,9 +265,7 @@ impl RowCache {
         }
         let mut shards = Vec::with_capacity(nshards);
         for _ in 0..nshards {
-            shards.push(Padded(Mutex::new(Shard::new(
-                per_shard, row_bytes, policy,
-            )?)));
+            shards.push(Padded(Shard::new(per_shard, row_bytes, policy)?));
         }
         Ok(RowCache {
             shards: shards.into_boxed_slice(),
@@ -243,6 +274,7 @@ impl RowCache {
             policy,
             capacity_rows: per_shard * nshards,
             bytes_per_row: per_row,
+            counts: Counts::default(),
         })
     }
 
@@ -267,9 +299,11 @@ impl RowCache {
     pub fn allocated_bytes(&self) -> u64 {
         let mut n = std::mem::size_of::<RowCache>() + std::mem::size_of_val(&*self.shards);
         for p in self.shards.iter() {
-            let s = p.0.lock().unwrap_or_else(|p| p.into_inner());
-            n += s.slab.len() + 4 * (s.next.len() + s.index.len());
-            if let Queues::S3Fifo { ghost, .. } = &s.q {
+            let s = &p.0;
+            n += 8 * s.slab.len() + 4 * s.index.len();
+            let st = s.lock();
+            n += 4 * st.next.len();
+            if let Queues::S3Fifo { ghost, .. } = &st.q {
                 n += 4 * ghost.len();
             }
         }
@@ -277,38 +311,64 @@ impl RowCache {
     }
 
     #[inline]
-    fn shard(&self, h: u64) -> std::sync::MutexGuard<'_, Shard> {
+    fn shard(&self, h: u64) -> &Shard {
         let i = if self.shard_bits == 0 {
             0
         } else {
             (h >> (64 - self.shard_bits)) as usize
         };
-        self.shards[i].0.lock().unwrap_or_else(|p| p.into_inner())
+        &self.shards[i].0
     }
 
-    /// Copies row `id` into `dst` (`row_bytes` long) if it is cached (a hit), else returns false
-    /// (a miss) and leaves `dst` alone.
+    /// Copies row `id` into `dst` (`row_bytes` long) if it is cached (a hit) and returns true;
+    /// else returns false (a miss; `dst` may have been written). Takes no lock unless writers
+    /// keep the row's shard busy; counts nothing (the caller [`record`](RowCache::record)s).
+    #[inline]
     pub fn lookup(&self, id: u64, dst: &mut [u8]) -> bool {
-        let rb = self.row_bytes;
-        assert_eq!(dst.len(), rb, "row cache lookup: dst must be one row");
-        let h = mix(id);
-        let mut s = self.shard(h);
+        assert_eq!(
+            dst.len(),
+            self.row_bytes,
+            "row cache lookup: dst must be one row"
+        );
         if id >= MAX_ROW_ID {
-            s.misses += 1;
             return false;
         }
-        match s.find(id, h) {
-            Some((_, slot)) => {
-                let at = slot as usize * s.stride;
-                dst.copy_from_slice(&s.slab[at + HEADER..at + HEADER + rb]);
-                s.touch(slot);
-                s.hits += 1;
-                true
+        let h = mix(id);
+        let s = self.shard(h);
+        for _ in 0..OPTIMISTIC_TRIES {
+            let v = s.seq.load(Acquire);
+            if v & 1 == 0 {
+                let found = s.find(id, h);
+                if let Some((_, slot)) = found {
+                    s.copy_out(slot, dst);
+                }
+                // the reads above happen before the second load of `seq` (seqlock reader)
+                fence(Acquire);
+                if s.seq.load(Relaxed) == v {
+                    return found.is_some_and(|(_, slot)| {
+                        s.touch(slot, id);
+                        true
+                    });
+                }
             }
-            None => {
-                s.misses += 1;
-                false
-            }
+            std::hint::spin_loop();
+        }
+        // writers keep the shard busy: read under its lock, where none is inside
+        let _g = s.lock();
+        s.find(id, h).is_some_and(|(_, slot)| {
+            s.copy_out(slot, dst);
+            s.touch(slot, id);
+            true
+        })
+    }
+
+    /// Adds a batch's hits and misses to the counters.
+    pub fn record(&self, hits: u64, misses: u64) {
+        if hits > 0 {
+            self.counts.hits.fetch_add(hits, Relaxed);
+        }
+        if misses > 0 {
+            self.counts.misses.fetch_add(misses, Relaxed);
         }
     }
 
@@ -324,33 +384,61 @@ impl RowCache {
             return;
         }
         let h = mix(id);
-        self.shard(h).insert(id, h, src);
+        let s = self.shard(h);
+        let mut st = s.lock();
+        s.insert(&mut st, id, h, src);
     }
 
     /// The counters now (each shard's are read under its lock).
     pub fn counters(&self) -> CacheCounters {
-        let mut c = CacheCounters::default();
+        let mut c = CacheCounters {
+            hits: self.counts.hits.load(Relaxed),
+            misses: self.counts.misses.load(Relaxed),
+            ..Default::default()
+        };
         for p in self.shards.iter() {
-            let s = p.0.lock().unwrap_or_else(|p| p.into_inner());
-            c.hits += s.hits;
-            c.misses += s.misses;
-            c.inserts += s.inserts;
-            c.evictions += s.evictions;
-            c.rows += s.fresh as u64;
+            let st = p.0.lock();
+            c.inserts += st.inserts;
+            c.evictions += st.evictions;
+            c.rows += st.fresh as u64;
         }
         c.bytes_used = (c.rows as f64 * self.bytes_per_row).round() as u64;
         c
     }
 }
 
+/// Bytes per shard besides its slots' share: the rounding up of the index and ghost lengths
+/// and of the packed rows to whole words.
+const SHARD_ROUNDING: usize = 16;
+
+/// Links `slot` as `f`'s newest.
+fn push(next: &mut [u32], f: &mut Fifo, slot: u32) {
+    next[slot as usize] = NIL;
+    if f.newest == NIL {
+        f.oldest = slot;
+    } else {
+        next[f.newest as usize] = slot;
+    }
+    f.newest = slot;
+    f.len += 1;
+}
+
+/// Unlinks `f`'s oldest slot (`f` is not empty).
+fn pop(next: &[u32], f: &mut Fifo) -> u32 {
+    let s = f.oldest;
+    debug_assert_ne!(s, NIL);
+    f.oldest = next[s as usize];
+    if f.oldest == NIL {
+        f.newest = NIL;
+    }
+    f.len -= 1;
+    s
+}
+
 impl Shard {
     fn new(cap: usize, row_bytes: usize, policy: Policy) -> Result<Shard> {
-        let stride = HEADER + row_bytes;
-        let mut slab = alloc(cap * stride, 0u8, "slab")?;
-        for s in slab.chunks_exact_mut(stride) {
-            s[..HEADER].copy_from_slice(&EMPTY.to_le_bytes());
-        }
         let index_len = ((cap as f64 / MAX_LOAD).ceil() as usize).max(cap + 1);
+        let stride = 1 + row_bytes.div_ceil(8);
         let q = match policy {
             Policy::S3Fifo => Queues::S3Fifo {
                 small: Fifo::EMPTY,
@@ -369,30 +457,54 @@ impl Shard {
             },
         };
         Ok(Shard {
-            slab,
-            next: alloc(cap, NIL, "links")?,
-            index: alloc(index_len, NIL, "index")?,
-            cap,
+            seq: AtomicU64::new(0),
+            index: alloc_atomic(index_len, |_| AtomicU32::new(NIL), "index")?,
+            slab: alloc_atomic(
+                cap * stride,
+                |i| AtomicU64::new(if i % stride == 0 { EMPTY } else { 0 }),
+                "slab",
+            )?,
             stride,
-            fresh: 0,
-            q,
-            hits: 0,
-            misses: 0,
-            inserts: 0,
-            evictions: 0,
+            cap,
+            sieve: policy == Policy::Sieve,
+            w: Mutex::new(State {
+                next: alloc(cap, NIL, "links")?,
+                fresh: 0,
+                q,
+                inserts: 0,
+                evictions: 0,
+            }),
         })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.w.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes `seq` odd (the caller holds the lock): lookups started before retry.
+    #[inline]
+    fn write_begin(&self) -> u64 {
+        let v = self.seq.load(Relaxed);
+        self.seq.store(v + 1, Relaxed);
+        // the odd value is visible before any of the writes that follow (seqlock writer)
+        fence(Release);
+        v
+    }
+
+    /// Ends the write begun at `v`: `seq` even again, after every write of the section.
+    #[inline]
+    fn write_end(&self, v: u64) {
+        self.seq.store(v + 2, Release);
+    }
+
+    #[inline]
+    fn hdr(&self, slot: u32) -> &AtomicU64 {
+        &self.slab[slot as usize * self.stride]
     }
 
     #[inline]
     fn header(&self, slot: u32) -> u64 {
-        let at = slot as usize * self.stride;
-        u64::from_le_bytes(self.slab[at..at + HEADER].try_into().expect("8 bytes"))
-    }
-
-    #[inline]
-    fn set_header(&mut self, slot: u32, v: u64) {
-        let at = slot as usize * self.stride;
-        self.slab[at..at + HEADER].copy_from_slice(&v.to_le_bytes());
+        self.hdr(slot).load(Relaxed)
     }
 
     #[inline]
@@ -400,10 +512,12 @@ impl Shard {
         self.header(slot) as u8
     }
 
+    /// Sets `slot`'s policy bits (under the lock; a racing lookup's bit may be lost, which only
+    /// costs the policy one hit).
     #[inline]
-    fn set_bits(&mut self, slot: u32, b: u8) {
+    fn set_bits(&self, slot: u32, b: u8) {
         let h = self.header(slot);
-        self.set_header(slot, (h & !0xFF) | b as u64);
+        self.hdr(slot).store((h & !0xFF) | b as u64, Relaxed);
     }
 
     #[inline]
@@ -411,14 +525,16 @@ impl Shard {
         reduce(h as u32, self.index.len())
     }
 
-    /// The index position and slot of `id` (hash `h`), if cached.
+    /// The index position and slot of `id` (hash `h`), if cached. Exact under the lock; without
+    /// it the answer is only good if `seq` did not change meanwhile (at most one pass over the
+    /// index either way).
     #[inline]
     fn find(&self, id: u64, h: u64) -> Option<(usize, u32)> {
         let tag = (h >> 32) as u8 as u32;
         let n = self.index.len();
         let mut i = self.home(h);
-        loop {
-            let e = self.index[i];
+        for _ in 0..n {
+            let e = self.index[i].load(Relaxed);
             if e == NIL {
                 return None;
             }
@@ -427,15 +543,61 @@ impl Shard {
             }
             i = if i + 1 == n { 0 } else { i + 1 };
         }
+        None
+    }
+
+    /// Copies `slot`'s row into `dst` (`row_bytes` long), a word at a time.
+    #[inline]
+    fn copy_out(&self, slot: u32, dst: &mut [u8]) {
+        let base = slot as usize * self.stride + 1;
+        let words = &self.slab[base..base + self.stride - 1];
+        let mut chunks = dst.chunks_exact_mut(8);
+        for (d, w) in (&mut chunks).zip(words) {
+            d.copy_from_slice(&w.load(Relaxed).to_le_bytes());
+        }
+        let tail = chunks.into_remainder();
+        if let (false, Some(w)) = (tail.is_empty(), words.last()) {
+            let b = w.load(Relaxed).to_le_bytes();
+            for (d, s) in tail.iter_mut().zip(b) {
+                *d = s;
+            }
+        }
+    }
+
+    /// Writes `src` as `slot`'s row (under the lock, inside a write section).
+    fn copy_in(&self, slot: u32, src: &[u8]) {
+        let base = slot as usize * self.stride + 1;
+        for (w, c) in self.slab[base..base + self.stride - 1]
+            .iter()
+            .zip(src.chunks(8))
+        {
+            let mut b = [0u8; 8];
+            b[..c.len()].copy_from_slice(c);
+            w.store(u64::from_le_bytes(b), Relaxed);
+        }
+    }
+
+    /// A hit on `slot` (holding `id`): its policy bit or frequency, by compare-and-swap of the
+    /// header (which fails, harmlessly, if a writer changed it meanwhile).
+    #[inline]
+    fn touch(&self, slot: u32, id: u64) {
+        let a = self.hdr(slot);
+        let h = a.load(Relaxed);
+        let b = h as u8;
+        let nb = if self.sieve { 1 } else { (b + 1).min(MAX_FREQ) };
+        if nb != b && h >> 8 == id {
+            let _ = a.compare_exchange(h, (h & !0xFF) | nb as u64, Relaxed, Relaxed);
+        }
     }
 
     /// Removes index entry `i` (backward-shift deletion: no tombstones, probe chains stay short).
-    fn index_remove(&mut self, mut i: usize) {
+    /// Inside a write section.
+    fn index_remove(&self, mut i: usize) {
         let n = self.index.len();
         let mut j = i;
         loop {
             j = if j + 1 == n { 0 } else { j + 1 };
-            let e = self.index[j];
+            let e = self.index[j].load(Relaxed);
             if e == NIL {
                 break;
             }
@@ -447,77 +609,52 @@ impl Shard {
                 i < home || home <= j
             };
             if !stays {
-                self.index[i] = e;
+                self.index[i].store(e, Relaxed);
                 i = j;
             }
         }
-        self.index[i] = NIL;
+        self.index[i].store(NIL, Relaxed);
     }
 
-    fn index_insert(&mut self, h: u64, slot: u32) {
+    /// Inside a write section.
+    fn index_insert(&self, h: u64, slot: u32) {
         let n = self.index.len();
         let mut i = self.home(h);
-        while self.index[i] != NIL {
+        while self.index[i].load(Relaxed) != NIL {
             i = if i + 1 == n { 0 } else { i + 1 };
         }
-        self.index[i] = ((h >> 32) as u8 as u32) << SLOT_BITS | slot;
+        self.index[i].store(((h >> 32) as u8 as u32) << SLOT_BITS | slot, Relaxed);
     }
 
-    /// A hit on `slot` (holding `id`).
-    #[inline]
-    fn touch(&mut self, slot: u32) {
-        let b = self.bits(slot);
-        let nb = match self.q {
-            Queues::S3Fifo { .. } => (b + 1).min(MAX_FREQ),
-            Queues::Sieve { .. } => 1,
-        };
-        if nb != b {
-            self.set_bits(slot, nb);
-        }
-    }
-
-    fn push(&mut self, f: &mut Fifo, slot: u32) {
-        self.next[slot as usize] = NIL;
-        if f.newest == NIL {
-            f.oldest = slot;
-        } else {
-            self.next[f.newest as usize] = slot;
-        }
-        f.newest = slot;
-        f.len += 1;
-    }
-
-    fn pop(&mut self, f: &mut Fifo) -> u32 {
-        let s = f.oldest;
-        debug_assert_ne!(s, NIL);
-        f.oldest = self.next[s as usize];
-        if f.oldest == NIL {
-            f.newest = NIL;
-        }
-        f.len -= 1;
-        s
-    }
-
-    fn insert(&mut self, id: u64, h: u64, src: &[u8]) {
+    /// Under the lock (`st` is its state).
+    fn insert(&self, st: &mut State, id: u64, h: u64, src: &[u8]) {
         if self.find(id, h).is_some() {
             return;
         }
-        let slot = if self.fresh < self.cap {
-            self.fresh += 1;
-            (self.fresh - 1) as u32
+        // choosing the victim changes only queues and policy bits: no write section needed
+        let victim = if st.fresh < self.cap {
+            st.fresh += 1;
+            None
         } else {
-            let s = self.evict();
-            let old = self.header(s) >> 8;
-            let (i, _) = self.find(old, mix(old)).expect("an evicted row is indexed");
-            self.index_remove(i);
-            self.evictions += 1;
-            s
+            Some(self.evict(st))
         };
-        let at = slot as usize * self.stride;
-        self.slab[at + HEADER..at + HEADER + src.len()].copy_from_slice(src);
-        self.set_header(slot, id << 8);
-        let mut q = std::mem::replace(&mut self.q, Queues::TAKEN);
-        match &mut q {
+        let v = self.write_begin();
+        let slot = match victim {
+            None => (st.fresh - 1) as u32,
+            Some(s) => {
+                let old = self.header(s) >> 8;
+                let (i, _) = self.find(old, mix(old)).expect("an evicted row is indexed");
+                self.index_remove(i);
+                st.evictions += 1;
+                s
+            }
+        };
+        self.copy_in(slot, src);
+        self.hdr(slot).store(id << 8, Relaxed);
+        self.index_insert(h, slot);
+        self.write_end(v);
+        let State { next, q, .. } = st;
+        match q {
             Queues::S3Fifo {
                 small, main, ghost, ..
             } => {
@@ -526,40 +663,37 @@ impl Shard {
                 let fp = (h2 >> 32) as u32 | 1;
                 if ghost[g] == fp {
                     ghost[g] = 0;
-                    self.push(main, slot);
+                    push(next, main, slot);
                 } else {
-                    self.push(small, slot);
+                    push(next, small, slot);
                 }
             }
-            Queues::Sieve { fifo, .. } => self.push(fifo, slot),
+            Queues::Sieve { fifo, .. } => push(next, fifo, slot),
         }
-        self.q = q;
-        self.index_insert(h, slot);
-        self.inserts += 1;
+        st.inserts += 1;
     }
 
     /// Picks the slot to reuse (the shard is full); the slot stays indexed (the caller removes it).
-    fn evict(&mut self) -> u32 {
-        let mut q = std::mem::replace(&mut self.q, Queues::TAKEN);
-        let s = match &mut q {
+    fn evict(&self, st: &mut State) -> u32 {
+        let State { next, q, .. } = st;
+        match q {
             Queues::S3Fifo {
                 small,
                 main,
                 small_cap,
                 ghost,
-            } => self.evict_s3(small, main, *small_cap, ghost),
+            } => self.evict_s3(next, small, main, *small_cap, ghost),
             Queues::Sieve {
                 fifo,
                 hand,
                 hand_prev,
-            } => self.evict_sieve(fifo, hand, hand_prev),
-        };
-        self.q = q;
-        s
+            } => self.evict_sieve(next, fifo, hand, hand_prev),
+        }
     }
 
     fn evict_s3(
-        &mut self,
+        &self,
+        next: &mut [u32],
         small: &mut Fifo,
         main: &mut Fifo,
         small_cap: usize,
@@ -567,11 +701,11 @@ impl Shard {
     ) -> u32 {
         loop {
             if small.len > 0 && (small.len >= small_cap || main.len == 0) {
-                let t = self.pop(small);
+                let t = pop(next, small);
                 if self.bits(t) > 0 && self.cap > 1 {
                     // hit while in the small FIFO: promote
                     self.set_bits(t, 0);
-                    self.push(main, t);
+                    push(next, main, t);
                     continue;
                 }
                 let h2 = mix(mix(self.header(t) >> 8));
@@ -579,18 +713,24 @@ impl Shard {
                 ghost[g] = (h2 >> 32) as u32 | 1;
                 return t;
             }
-            let t = self.pop(main);
+            let t = pop(next, main);
             let f = self.bits(t);
             if f > 0 {
                 self.set_bits(t, f - 1);
-                self.push(main, t);
+                push(next, main, t);
                 continue;
             }
             return t;
         }
     }
 
-    fn evict_sieve(&mut self, fifo: &mut Fifo, hand: &mut u32, hand_prev: &mut u32) -> u32 {
+    fn evict_sieve(
+        &self,
+        next: &mut [u32],
+        fifo: &mut Fifo,
+        hand: &mut u32,
+        hand_prev: &mut u32,
+    ) -> u32 {
         let (mut prev, mut cur) = if *hand == NIL {
             (NIL, fifo.oldest)
         } else {
@@ -599,17 +739,17 @@ impl Shard {
         while self.bits(cur) != 0 {
             self.set_bits(cur, 0);
             prev = cur;
-            cur = self.next[cur as usize];
+            cur = next[cur as usize];
             if cur == NIL {
                 prev = NIL;
                 cur = fifo.oldest;
             }
         }
-        let nx = self.next[cur as usize];
+        let nx = next[cur as usize];
         if prev == NIL {
             fifo.oldest = nx;
         } else {
-            self.next[prev as usize] = nx;
+            next[prev as usize] = nx;
         }
         if fifo.newest == cur {
             fifo.newest = prev;

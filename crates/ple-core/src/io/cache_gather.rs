@@ -71,6 +71,7 @@ pub fn gather_cached(
         _ => g.hits = run(ids, out),
     }
     g.misses = ids.len() as u64 - g.hits;
+    cache.record(g.hits, g.misses);
     Ok(g)
 }
 
@@ -107,6 +108,7 @@ pub fn read_through<R>(
         }
     }
     let hits = (ids.len() - s.miss_ids.len()) as u64;
+    cache.record(hits, s.miss_ids.len() as u64);
     if s.miss_ids.is_empty() {
         return Ok((None, hits));
     }

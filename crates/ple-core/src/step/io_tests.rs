@@ -202,7 +202,8 @@ fn direct_through_the_row_cache_gives_the_generated_rows() {
     let format = RowFormat::Nvfp4;
     let d = tempfile::tempdir().unwrap();
     table_in(d.path(), format);
-    for cache_bytes in [4 * 128u64, 8 << 20] {
+    for cache_bytes in [1024u64, 8 << 20] {
+        // 1 KiB: a few rows (heavy eviction); 8 MiB: every row of the steps
         let p = match Pipeline::open(
             d.path(),
             OpenOptions {

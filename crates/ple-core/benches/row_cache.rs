@@ -1,0 +1,75 @@
+//! The row cache's hit path against the copy it replaces: one decode step of 64 tokens (1,024
+//! rows of 90 bytes, all cached) looked up in a 64 MiB S3-FIFO cache, beside the same rows
+//! copied from a plain byte table in memory (MMAP's warm gather, without the page tables), on one
+//! thread; and the lookups eight times over on two threads at once (rows shared between them). `cargo bench --bench row_cache` (add `-- --quick` for a short run).
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ple_core::io::cache::RowCache;
+use ple_core::io::gather::gather_serial;
+use ple_core::model::splitmix64;
+use std::hint::black_box;
+
+const RB: usize = 90;
+const TABLE_ROWS: u64 = 4_000_000;
+const STEP_ROWS: usize = 1024;
+
+fn bench(c: &mut Criterion) {
+    let table: Vec<u8> = (0..TABLE_ROWS as usize * RB)
+        .map(|i| splitmix64(i as u64) as u8)
+        .collect();
+    let cache = RowCache::new(64 << 20, RB).unwrap();
+    // the cache full of other rows, then the step's rows inserted and hit once
+    let mut row = vec![0u8; RB];
+    for i in 0..cache.capacity_rows() as u64 {
+        let id = splitmix64(i ^ 0xABCD) % TABLE_ROWS;
+        cache.insert(id, &table[id as usize * RB..][..RB]);
+    }
+    let ids: Vec<u64> = (0..STEP_ROWS as u64)
+        .map(|i| splitmix64(i) % TABLE_ROWS)
+        .collect();
+    for &id in &ids {
+        if !cache.lookup(id, &mut row) {
+            cache.insert(id, &table[id as usize * RB..][..RB]);
+        }
+    }
+    let mut out = vec![0u8; STEP_ROWS * RB];
+    let mut g = c.benchmark_group("decode step of 64 tokens, all rows cached");
+    g.throughput(Throughput::Elements(STEP_ROWS as u64));
+    g.bench_function("row cache lookups", |b| {
+        b.iter(|| {
+            let mut hits = 0;
+            for (o, &id) in out.chunks_exact_mut(RB).zip(&ids) {
+                hits += cache.lookup(black_box(id), o) as usize;
+            }
+            assert_eq!(hits, STEP_ROWS);
+        })
+    });
+    // the same lookups split over two threads (shards shared between them)
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    g.bench_function("row cache lookups, two threads", |b| {
+        use rayon::prelude::*;
+        b.iter(|| {
+            pool.install(|| {
+                out.par_chunks_mut(STEP_ROWS / 2 * RB)
+                    .zip(ids.par_chunks(STEP_ROWS / 2))
+                    .for_each(|(out, ids)| {
+                        for _ in 0..8 {
+                            for (o, &id) in out.chunks_exact_mut(RB).zip(ids) {
+                                assert!(cache.lookup(black_box(id), o));
+                            }
+                        }
+                    })
+            })
+        })
+    });
+    g.bench_function("copy from the table in memory", |b| {
+        b.iter(|| gather_serial(black_box(&table), RB, &ids, &mut out).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
