@@ -54,6 +54,12 @@
  */
 #define PLE_MAX_TRACKED_REQUESTS 65536
 
+/**
+ * `ple_options.cache_bytes` default: a row cache of 256 MiB (at most an eighth of the memory
+ * available at open) for a handle that runs `PLE_IO_DIRECT`, none for `PLE_IO_MMAP`.
+ */
+#define PLE_CACHE_AUTO 18446744073709551615ull
+
 /* ==============================================================================================
  * Status codes
  * ============================================================================================== */
@@ -224,9 +230,11 @@ typedef struct ple_options {
    */
   const char *checkpoint_dir;
   /**
-   * Bytes of memory for a cache of rows, allocated at open (default 0 = no cache). Rows found
-   * in it are copied from it; others are read from the table and inserted (S3-FIFO eviction).
-   * At most 1 TiB; a nonzero value must hold at least one row.
+   * Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default: 256
+   * MiB, at most an eighth of the memory available, for a DIRECT handle; none for MMAP), 0 (no
+   * cache) or a size (at most 1 TiB, holding at least one row). Rows found in it are copied from
+   * it; others are read from the table and inserted (S3-FIFO eviction). `ple_info.cache_bytes`
+   * reports what the handle got.
    */
   uint64_t cache_bytes;
   /**
@@ -312,6 +320,11 @@ typedef struct ple_info {
    * How its reads are issued: a `PLE_IO_BACKEND_*` value.
    */
   ple_io_backend io_backend;
+  /**
+   * Bytes of the handle's row cache (`options.cache_bytes`, `PLE_CACHE_AUTO` resolved; 0 = no
+   * cache). Appended in 0.1.x.
+   */
+  uint64_t cache_bytes;
 } ple_info;
 
 /**

@@ -32,6 +32,9 @@ pub const PLE_EMBED_DIM: u32 = 2560;
 /// with `PLE_E_STATE` (requests are never evicted: an evicted request would read wrong context);
 /// `ple_release_request` forgets finished ones.
 pub const PLE_MAX_TRACKED_REQUESTS: u32 = 65536;
+/// `ple_options.cache_bytes` default: a row cache of 256 MiB (at most an eighth of the memory
+/// available at open) for a handle that runs `PLE_IO_DIRECT`, none for `PLE_IO_MMAP`.
+pub const PLE_CACHE_AUTO: u64 = 0xFFFF_FFFF_FFFF_FFFF;
 
 /// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
 pub type ple_format = i32;
@@ -150,9 +153,11 @@ pub struct ple_options {
     /// If not NULL: the checkpoint directory the table must have been packed from; opening fails
     /// with `PLE_E_FORMAT` when its fingerprint differs.
     pub checkpoint_dir: *const c_char,
-    /// Bytes of memory for a cache of rows, allocated at open (default 0 = no cache). Rows found
-    /// in it are copied from it; others are read from the table and inserted (S3-FIFO eviction).
-    /// At most 1 TiB; a nonzero value must hold at least one row.
+    /// Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default: 256
+    /// MiB, at most an eighth of the memory available, for a DIRECT handle; none for MMAP), 0 (no
+    /// cache) or a size (at most 1 TiB, holding at least one row). Rows found in it are copied from
+    /// it; others are read from the table and inserted (S3-FIFO eviction). `ple_info.cache_bytes`
+    /// reports what the handle got.
     pub cache_bytes: u64,
     /// `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
     /// compiled without it get AUTO through `struct_size`).
@@ -257,6 +262,9 @@ pub struct ple_table_info {
     pub io_mode: ple_io_mode,
     /// How its reads are issued: a `PLE_IO_BACKEND_*` value.
     pub io_backend: ple_io_backend,
+    /// Bytes of the handle's row cache (`options.cache_bytes`, `PLE_CACHE_AUTO` resolved; 0 = no
+    /// cache). Appended in 0.1.x.
+    pub cache_bytes: u64,
 }
 
 /// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
@@ -473,6 +481,7 @@ pub fn info_to_c(i: &TableInfo) -> ple_table_info {
     let mmap = IoInfo {
         mode: IoMode::Mmap,
         backend: None,
+        cache_bytes: 0,
     };
     info_with_io_to_c(i, mmap)
 }
@@ -504,6 +513,7 @@ pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
             Some(Backend::IoUring) => PLE_IO_BACKEND_IO_URING,
             Some(Backend::PreadPool) => PLE_IO_BACKEND_PREAD_POOL,
         },
+        cache_bytes: io.cache_bytes,
     };
     copy_c_string(&mut c.source_name, &i.source_name);
     copy_c_string(&mut c.source_fingerprint, &i.source_fingerprint);

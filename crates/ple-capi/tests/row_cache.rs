@@ -26,7 +26,7 @@ fn open(dir: &CString, cache_bytes: u64) -> Result<Handle, (ple_status, String)>
     unsafe {
         let mut o: ple_options = std::mem::zeroed();
         assert_eq!(ple_options_default(&mut o), PLE_OK);
-        assert_eq!(o.cache_bytes, 0, "no cache by default");
+        assert_eq!(o.cache_bytes, PLE_CACHE_AUTO, "AUTO by default");
         o.max_tokens_per_step = 512;
         o.max_in_flight = 4;
         o.num_threads = 2;

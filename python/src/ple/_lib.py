@@ -105,6 +105,7 @@ class ple_info(Structure):
         ("source_fingerprint", c_char * 72),
         ("io_mode", c_int32),
         ("io_backend", c_int32),
+        ("cache_bytes", c_uint64),
     ]
 
 

@@ -96,6 +96,8 @@ fn setup(a: &BenchArgs) -> Result<Ctx<'_>> {
     let opts = OpenOptions {
         num_threads: a.threads,
         io_mode: IoMode::Mmap,
+        // the step shapes measure storage and the page cache, not the row cache (--steady does)
+        cache_bytes: 0,
         ..OpenOptions::default()
     };
     let p = Pipeline::open(&a.table_dir, opts.clone())?;

@@ -38,7 +38,7 @@ use crate::lookup::context::{Tracker, resolve_contexts_checked, validate_batch};
 use crate::lookup::hash::Hasher;
 use crate::stats::Counters;
 use crate::stats::{self, Stats};
-use crate::step::options::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy};
+use crate::step::options::{CACHE_AUTO, IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy};
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::path::Path;
@@ -172,13 +172,20 @@ impl Pipeline {
         let cpu_slots = if gpu.is_some() { 0 } else { opts.max_in_flight };
         let staging = cpu_staging(cpu_slots as usize, slot_bytes)?;
         let n = opts.max_in_flight as usize;
-        let cache = match opts.cache_bytes {
+        let cache_bytes = opts.cache_bytes_for(direct.is_some());
+        let cache = match cache_bytes {
             0 => None,
-            b => Some(RowCache::new(b, table.row_bytes()).map_err(|e| match e {
-                Error::InvalidArgument(m) => Error::InvalidArgument(format!("options.{m}")),
-                e => e,
-            })?),
+            b => match RowCache::new(b, table.row_bytes()) {
+                Ok(c) => Some(c),
+                // AUTO on a machine with almost no memory free: no cache
+                Err(Error::InvalidArgument(_)) if opts.cache_bytes == CACHE_AUTO => None,
+                Err(Error::InvalidArgument(m)) => {
+                    return Err(Error::InvalidArgument(format!("options.{m}")));
+                }
+                Err(e) => return Err(e),
+            },
         };
+        let cache_budget = if cache.is_some() { cache_bytes } else { 0 };
         let tracker = {
             let m = table.meta();
             Tracker::new(m.ngram_size, m.hash.eos_token_id, opts.history_window)?
@@ -206,6 +213,7 @@ impl Pipeline {
             stats: Stats::default(),
             closing: AtomicBool::new(false),
             cache,
+            cache_budget,
             direct,
             uring_prefetch,
             opts,
@@ -277,12 +285,19 @@ impl Pipeline {
             Some(d) => IoInfo {
                 mode: IoMode::Direct,
                 backend: Some(lock(d).backend()),
+                cache_bytes: self.cache_bytes(),
             },
             None => IoInfo {
                 mode: IoMode::Mmap,
                 backend: None,
+                cache_bytes: self.cache_bytes(),
             },
         }
+    }
+
+    /// The row cache's `cache_bytes` (0: none).
+    fn cache_bytes(&self) -> u64 {
+        self.sh.cache_budget
     }
 
     /// The handle's GPU side, if it was opened with `cuda_device >= 0`.

@@ -96,6 +96,8 @@ pub(super) struct Shared {
     pub(super) closing: AtomicBool,
     /// The row cache (`cache_bytes > 0`): steps gather through it (see `run_step`).
     pub(super) cache: Option<RowCache>,
+    /// Its `cache_bytes` (AUTO resolved; 0: no cache).
+    pub(super) cache_budget: u64,
     /// DIRECT mode's reader (None: MMAP mode). Used by the worker only; the lock is uncontended.
     pub(super) direct: Option<Mutex<DirectReader>>,
     /// MMAP mode: the io_uring page reads that prefetch steps gathered on the worker thread
@@ -112,6 +114,8 @@ pub struct IoInfo {
     pub mode: IoMode,
     /// DIRECT's backend; None in MMAP mode.
     pub backend: Option<Backend>,
+    /// Bytes of the row cache (`cache_bytes`, AUTO resolved; 0: none).
+    pub cache_bytes: u64,
 }
 
 /// Opens the DIRECT reader `opts.io_mode` asks for: MMAP → none; DIRECT → the reader or its
