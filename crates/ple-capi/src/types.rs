@@ -422,8 +422,8 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
             PLE_IO_DIRECT => IoMode::Direct,
             v => return invalid!("options.io_mode {v} is not a PLE_IO_* value"),
         },
-        force_pread: false,
-        uring_prefetch: false,
+        // (not in the C struct: the core's defaults)
+        ..OpenOptions::default()
     };
     o.validate()?;
     Ok(o)

@@ -21,7 +21,7 @@ pub(crate) const COLD_DECODE: [(&str, usize); 4] = [
 ];
 
 pub(crate) const MMAP: &str = "cold MMAP";
-pub(crate) const MMAP_URING: &str = "cold MMAP, io_uring page reads";
+pub(crate) const MMAP_WILLNEED: &str = "cold MMAP, WILLNEED + gather";
 pub(crate) const DIRECT: &str = "cold DIRECT";
 pub(crate) const SEED: &str = "cold, seed method (e)";
 pub(crate) const OFF: &str = "cold MMAP, prefetch off (a)";
@@ -151,7 +151,8 @@ fn map_with(p: &Pipeline, advice: memmap2::Advice) -> Result<memmap2::Mmap> {
 /// The handles and mappings the cold phase compares.
 struct Modes<'a> {
     never: Pipeline,
-    uring: Pipeline,
+    /// MMAP with WILLNEED advice and a faulting gather for decode steps too (no io_uring reads).
+    willneed: Pipeline,
     direct: Option<Pipeline>,
     normal: memmap2::Mmap,
     seed: memmap2::Mmap,
@@ -163,7 +164,7 @@ impl Modes<'_> {
         let mut m = vec![
             self.p.table().bytes(),
             self.never.table().bytes(),
-            self.uring.table().bytes(),
+            self.willneed.table().bytes(),
             &self.normal[..],
             &self.seed[..],
         ];
@@ -190,7 +191,7 @@ fn open_modes<'a>(ctx: &'a Ctx, c: &mut Cold) -> Result<Modes<'a>> {
     };
     Ok(Modes {
         never: with(&|o| o.prefetch_policy = PrefetchPolicy::Never)?,
-        uring: with(&|o| o.uring_prefetch = true)?,
+        willneed: with(&|o| o.uring_prefetch = false)?,
         direct,
         normal: map_with(&ctx.p, memmap2::Advice::Normal)?,
         seed: map_with(&ctx.p, memmap2::Advice::Random)?,
@@ -266,7 +267,7 @@ fn cold_chunks(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
 /// were evicted. Drift of a shared device then moves every mode alike.
 fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
     let (maps, file) = (m.maps(), ctx.p.table().file());
-    const NM: usize = 4; // MMAP, seed, DIRECT, MMAP with io_uring page reads
+    const NM: usize = 4; // MMAP, seed, DIRECT, MMAP with WILLNEED + gather
     let mut seqs = [ctx.seq.get(), 0, 2_000_000, 3_000_000];
     for (name, n) in COLD_DECODE {
         let i = ctx.shape(name);
@@ -290,7 +291,7 @@ fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
                         }
                         None => continue,
                     },
-                    _ => run_steps(&m.uring, st, &mut seqs[3], name, MMAP_URING, res)?,
+                    _ => run_steps(&m.willneed, st, &mut seqs[3], name, MMAP_WILLNEED, res)?,
                 };
                 accumulate(&mut acc[k], run);
             }

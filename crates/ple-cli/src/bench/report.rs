@@ -1,7 +1,7 @@
 //! The bench's tables and its ratios against their targets.
 
 use super::Ctx;
-use super::cold::{COLD_DECODE, Cold, DIRECT, MMAP, MMAP_URING, OFF, SEED};
+use super::cold::{COLD_DECODE, Cold, DIRECT, MMAP, MMAP_WILLNEED, OFF, SEED};
 use super::floor::Floor;
 use super::steps::{Run, pct};
 use super::warm::Warm;
@@ -151,10 +151,10 @@ pub(crate) fn print(ctx: &Ctx, w: &Warm, fl: &Floor, c: &Cold) -> Vec<Value> {
                 !t || v <= 0.8,
             );
         }
-        if let (Some(m), Some(s)) = (c.find(name, MMAP_URING), c.find(name, SEED)) {
+        if let (Some(m), Some(s)) = (c.find(name, MMAP_WILLNEED), c.find(name, SEED)) {
             let v = m.p50() / s.p50().max(1e-9);
             ratio(
-                &format!("cold {name} MMAP with io_uring page reads / seed method (p50)"),
+                &format!("cold {name} MMAP with WILLNEED + gather / seed method (p50)"),
                 v,
                 "report",
                 true,

@@ -255,15 +255,11 @@ pub fn prefetch(file: &std::fs::File, map: &[u8], ranges: &[PageRange]) -> Resul
     Ok(pages)
 }
 
-/// Pages per read of [`UringPrefetcher`] (longer ranges are split).
-const URING_PAGES_PER_READ: u64 = 16;
-
-/// Reads a step's pages into the page cache through io_uring: buffered 4 KiB-page reads of the
-/// row file (a descriptor of its own, `POSIX_FADV_RANDOM`: no readahead past the pages named),
-/// all in flight at once, waited for. The bytes land in a scratch buffer no one reads; what counts
-/// is the page cache they fill, so the gather after it takes only minor faults. One
-/// `io_uring_enter` replaces a `posix_fadvise` per range (about 5–10 µs each when the page is
-/// not cached), which is what a decode step's prefetch costs otherwise.
+/// Reads a step's rows through the page cache with io_uring: buffered reads of the row file (a
+/// descriptor of its own, `POSIX_FADV_RANDOM`: no readahead past the pages named) straight into
+/// the step's slot, all in flight at once, waited for. Against `posix_fadvise(WILLNEED)` per page
+/// then a faulting gather, it saves a system call per page and every page fault (the mapping is
+/// not touched), and the pages it reads stay cached for later steps as a fault would leave them.
 pub struct UringPrefetcher {
     file: std::fs::File,
     ring: crate::io::uring::Ring,
@@ -283,9 +279,7 @@ impl UringPrefetcher {
             crate::io::uring::RingSetup::default(),
         )
         .ok()?;
-        let scratch =
-            crate::io::buf::AlignedBuf::with_capacity((URING_PAGES_PER_READ * PAGE) as usize)
-                .ok()?;
+        let scratch = crate::io::buf::AlignedBuf::default();
         Some(UringPrefetcher {
             file,
             ring,
@@ -295,32 +289,47 @@ impl UringPrefetcher {
         })
     }
 
-    /// Reads `ranges` (clamped to the file's `len` bytes) into the page cache and waits for
-    /// them. Returns (pages covered, reads issued). Failed reads are not errors here: the gather
-    /// that follows meets the same failure and reports it.
-    pub fn prefetch(&mut self, ranges: &[PageRange], len: u64) -> Result<(u64, u64)> {
+    /// Reads rows `ids` (of `rb` bytes) through the page cache into
+    /// `out` (row `i` at `out[i * rb..]`), all in flight at once: cached rows are copied by the
+    /// kernel at submission, the others read (their pages then stay cached, as a fault would have
+    /// left them). No page of the mapping is touched, so nothing can fault. A failed or short read
+    /// (the file shorter than the table) is `Error::Io` naming the row. Returns the reads issued.
+    pub fn read_rows(&mut self, ids: &[u64], rb: usize, out: &mut [u8]) -> Result<u64> {
+        assert!(out.len() >= ids.len() * rb, "output holds the rows");
+        self.scratch.reserve(ids.len() * rb)?;
         self.reqs.clear();
-        let mut pages = 0;
-        for r in ranges {
-            let mut first = r.first;
-            let end = r.first + r.count;
-            while first < end && first << PAGE_SHIFT < len {
-                let n = (end - first).min(URING_PAGES_PER_READ);
-                let bytes = (n << PAGE_SHIFT).min(len - (first << PAGE_SHIFT));
-                pages += bytes.div_ceil(PAGE);
-                // every read lands in the same scratch bytes: their contents are never read
-                self.reqs.push(crate::io::uring::ReadReq {
-                    off: first << PAGE_SHIFT,
-                    buf_off: 0,
-                    len: bytes as u32,
-                });
-                first += n;
-            }
-        }
+        self.reqs.extend(
+            ids.iter()
+                .enumerate()
+                .map(|(i, &r)| crate::io::uring::ReadReq {
+                    off: r * rb as u64,
+                    buf_off: i * rb,
+                    len: rb as u32,
+                }),
+        );
         self.ring
             .read_batch(&self.reqs, &mut self.scratch, &mut self.res)
-            .map_err(|e| Error::io("io_uring prefetch", e))?;
-        Ok((pages, self.reqs.len() as u64))
+            .map_err(|e| Error::io("io_uring row reads", e))?;
+        for (&r, &n) in ids.iter().zip(&self.res) {
+            if n < 0 || n as usize != rb {
+                let what = format!(
+                    "reading row {r} at offset {} of the row file (buffered, io_uring)",
+                    r * rb as u64
+                );
+                let e = match n {
+                    n if n < 0 => std::io::Error::from_raw_os_error(-n),
+                    n => std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "short read, {n} of {rb} bytes (the file is shorter than the table)"
+                        ),
+                    ),
+                };
+                return Err(Error::io(what, e));
+            }
+        }
+        out[..ids.len() * rb].copy_from_slice(&self.scratch.as_slice()[..ids.len() * rb]);
+        Ok(ids.len() as u64)
     }
 
     /// The descriptor the reads go through.

@@ -17,17 +17,21 @@ fn table_in(dir: &Path, format: RowFormat) {
 }
 
 fn open(dir: &Path, mode: IoMode, force_pread: bool) -> crate::error::Result<Pipeline> {
-    Pipeline::open(
-        dir,
-        OpenOptions {
-            max_tokens_per_step: 256,
-            num_threads: 2,
-            wait_timeout_us: 20_000_000,
-            io_mode: mode,
-            force_pread,
-            ..OpenOptions::default()
-        },
-    )
+    open_with(dir, |o| {
+        o.io_mode = mode;
+        o.force_pread = force_pread;
+    })
+}
+
+fn open_with(dir: &Path, f: impl FnOnce(&mut OpenOptions)) -> crate::error::Result<Pipeline> {
+    let mut o = OpenOptions {
+        max_tokens_per_step: 256,
+        num_threads: 2,
+        wait_timeout_us: 20_000_000,
+        ..OpenOptions::default()
+    };
+    f(&mut o);
+    Pipeline::open(dir, o)
 }
 
 /// A stateless step of `n` requests of one token each, from `seed`.
@@ -143,7 +147,16 @@ fn truncated_row_file_fails_only_the_steps_it_touches() {
             Err(Error::Unsupported(_)) => return,
             Err(e) => panic!("{e}"),
         };
-        let rows_path = d.path().join(crate::format::table::ROWS_FILE);
+        truncate_and_check(&p, d.path(), format, 0);
+    }
+}
+
+/// Cuts the row file under `p` into its last head's rows: single-token steps that read past the
+/// cut fail with `Error::Io` naming the row, the others give the generated rows (steps from
+/// `seq0 + 1`).
+fn truncate_and_check(p: &Pipeline, dir: &Path, format: RowFormat, seq0: u64) {
+    {
+        let rows_path = dir.join(crate::format::table::ROWS_FILE);
         let len = std::fs::metadata(&rows_path).unwrap().len();
         // (each head's rows are a region of the file: cut into the last head's, so that some
         // single-token steps read past the end and others do not)
@@ -158,7 +171,7 @@ fn truncated_row_file_fails_only_the_steps_it_touches() {
         for k in 0..300u64 {
             let st = Step::new(k + 1000, 1);
             let past = row_ids(&p, &st).iter().any(|&r| (r + 1) * 90 > cut);
-            match step(&p, k + 1, &st, format) {
+            match step(p, seq0 + k + 1, &st, format) {
                 Ok(()) => {
                     assert!(!past, "step {k} read rows past the cut and succeeded");
                     ok += 1;
@@ -176,6 +189,30 @@ fn truncated_row_file_fails_only_the_steps_it_touches() {
             }
         }
         assert!(ok > 3 && failed > 3, "ok {ok} failed {failed}");
+    }
+}
+
+/// MMAP steps that prefetch (policy ALWAYS): up to 4,096 rows read through io_uring into the slot,
+/// bigger ones advised WILLNEED and gathered; and the same with io_uring reads off. All give the
+/// generated rows; a truncated file fails only the steps past the cut.
+#[test]
+fn mmap_prefetching_steps_give_the_generated_rows_both_ways() {
+    let format = RowFormat::Nvfp4;
+    for uring in [true, false] {
+        let d = tempfile::tempdir().unwrap();
+        table_in(d.path(), format);
+        let p = open_with(d.path(), |o| {
+            o.io_mode = IoMode::Mmap;
+            o.prefetch_policy = crate::step::PrefetchPolicy::Always;
+            o.uring_prefetch = uring;
+        })
+        .unwrap();
+        for (k, n) in [1usize, 8, 64, 256, 3].into_iter().enumerate() {
+            step(&p, k as u64 + 1, &Step::new(k as u64 * 13 + 2, n), format).unwrap();
+        }
+        let c = p.counters();
+        assert_eq!(c.prefetch_steps, 5, "{c:?}");
+        truncate_and_check(&p, d.path(), format, 5);
     }
 }
 

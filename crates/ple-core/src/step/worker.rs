@@ -186,7 +186,18 @@ impl Shared {
         } else if prefetch {
             rec.prefetched = true;
             rec.storage_reads = w.pages.ranges.len() as u64;
-            if w.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 {
+            let uring = match &self.uring_prefetch {
+                Some(u) if w.ids.len() <= URING_ROWS_MAX => Some(u),
+                _ => None,
+            };
+            if let Some(u) = uring {
+                // the rows read through the page cache straight into the slot, all in flight
+                // at once: no fault, and cached rows cost no storage read
+                lock(u).read_rows(&w.ids, rb, staging)?;
+                rec.pages_prefetched = w.pages.len() as u64;
+                rec.io.read_bytes += stats::thread_read_bytes_delta();
+                rec.gather_ns = stats::ns(t2.elapsed());
+            } else if w.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 {
                 let r = gather::gather_overlapped(
                     self.table.bytes(),
                     rb,
@@ -202,19 +213,7 @@ impl Shared {
                 rec.prefetch_ns += stats::ns(r.issue_time);
                 rec.gather_ns = stats::ns(t2.elapsed().saturating_sub(r.issue_time));
             } else {
-                let (n, io) = match &self.uring_prefetch {
-                    Some(u) => {
-                        let len = self.table.bytes().len() as u64;
-                        let (n, reads) = lock(u).prefetch(&w.pages.ranges, len)?;
-                        rec.storage_reads = reads;
-                        let io = stats::IoDelta {
-                            read_bytes: stats::thread_read_bytes_delta(),
-                            ..Default::default()
-                        };
-                        (n, io)
-                    }
-                    None => issue(&w.pages.ranges)?,
-                };
+                let (n, io) = issue(&w.pages.ranges)?;
                 rec.pages_prefetched = n;
                 rec.io.add(io);
                 let t3 = Instant::now();
@@ -307,6 +306,10 @@ impl Shared {
         }
     }
 }
+
+/// MMAP: the most rows a prefetching step reads through io_uring (when the handle has its
+/// reader); bigger steps advise WILLNEED while the pool gathers.
+pub(super) const URING_ROWS_MAX: usize = 4096;
 
 /// Buffers the worker keeps between steps.
 #[derive(Default)]
