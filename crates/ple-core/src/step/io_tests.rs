@@ -170,7 +170,7 @@ fn truncate_and_check(p: &Pipeline, dir: &Path, format: RowFormat, seq0: u64) {
         let (mut failed, mut ok) = (0, 0);
         for k in 0..300u64 {
             let st = Step::new(k + 1000, 1);
-            let past = row_ids(&p, &st).iter().any(|&r| (r + 1) * 90 > cut);
+            let past = row_ids(p, &st).iter().any(|&r| (r + 1) * 90 > cut);
             match step(p, seq0 + k + 1, &st, format) {
                 Ok(()) => {
                     assert!(!past, "step {k} read rows past the cut and succeeded");
