@@ -1,7 +1,9 @@
 //! The storage floor: random `O_DIRECT` reads of the table's row file through io_uring at
 //! queue depth 1, 64 and 128, of 512 B and 4 KiB (each the faster of a run before and a run after
 //! fio's); the ring set-ups DIRECT could use, measured at 512 B / QD 64; and fio's figures on the
-//! same file and size and depth (io_uring engine, 3 s), where `fio` is installed.
+//! same file and size and depth (io_uring engine, 3 s), where `fio` is installed. Each also
+//! gives its CPU time per read (the probe's thread; fio's usr + sys): the kernel's share of a
+//! read, which no reader of the device can go below.
 
 use ple_core::io::buf::AlignedBuf;
 use ple_core::io::uring::{ReadReq, Ring, RingSetup};
@@ -21,8 +23,20 @@ pub(crate) struct Probe {
     pub(crate) iops: Option<f64>,
     /// Mean time per read at this depth, µs (at QD 1: the read latency).
     pub(crate) lat_us: Option<f64>,
-    /// fio's figure for the same read size and depth (io_uring engine), IOPS and mean µs.
-    pub(crate) fio: Option<(f64, f64)>,
+    /// CPU time of the probing thread per read, µs.
+    pub(crate) cpu_us: Option<f64>,
+    /// fio's figure for the same read size and depth (io_uring engine).
+    pub(crate) fio: Option<Fio>,
+}
+
+/// What one fio run measured.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Fio {
+    pub(crate) iops: f64,
+    /// Mean completion latency, µs.
+    pub(crate) lat_us: f64,
+    /// (usr + sys) CPU per read, µs.
+    pub(crate) cpu_us: f64,
 }
 
 /// The floors of one run.
@@ -41,6 +55,11 @@ impl Floor {
     pub(crate) fn qd1_ms(&self, bs: u32) -> Option<f64> {
         self.find(bs, 1).and_then(|p| p.lat_us).map(|u| u / 1e3)
     }
+    /// CPU µs per read of `bs`-byte reads at depth `qd`: the probe's, and fio's.
+    pub(crate) fn cpu_us(&self, bs: u32, qd: usize) -> (Option<f64>, Option<f64>) {
+        self.find(bs, qd)
+            .map_or((None, None), |p| (p.cpu_us, p.fio.map(|f| f.cpu_us)))
+    }
     fn find(&self, bs: u32, qd: usize) -> Option<&Probe> {
         self.probes.iter().find(|p| p.bs == bs && p.qd == qd)
     }
@@ -53,14 +72,16 @@ impl Floor {
         let f = |x: Option<f64>, d: usize| x.map_or("n/a".into(), |x| format!("{x:.d$}"));
         for p in self.probes.iter().chain(&self.setups) {
             println!(
-                "  {:<34} {:>6} B QD{:<4} {:>9} IOPS {:>8} µs/read   fio {:>9} IOPS {:>8} µs",
+                "  {:<30} {:>5} B QD{:<4} {:>8} IOPS {:>7} µs/read {:>5} µs CPU/read   fio {:>8} IOPS {:>7} µs {:>5} µs CPU/read",
                 p.name,
                 p.bs,
                 p.qd,
                 f(p.iops, 0),
                 f(p.lat_us, 1),
-                f(p.fio.map(|x| x.0), 0),
-                f(p.fio.map(|x| x.1), 1),
+                f(p.cpu_us, 2),
+                f(p.fio.map(|x| x.iops), 0),
+                f(p.fio.map(|x| x.lat_us), 1),
+                f(p.fio.map(|x| x.cpu_us), 2),
             );
         }
     }
@@ -68,7 +89,9 @@ impl Floor {
     pub(crate) fn json(&self) -> Value {
         let j = |p: &Probe| {
             json!({"name": p.name, "bs": p.bs, "qd": p.qd, "iops": p.iops, "lat_us": p.lat_us,
-                   "fio_iops": p.fio.map(|x| x.0), "fio_lat_us": p.fio.map(|x| x.1)})
+                   "cpu_us_per_read": p.cpu_us,
+                   "fio_iops": p.fio.map(|x| x.iops), "fio_lat_us": p.fio.map(|x| x.lat_us),
+                   "fio_cpu_us_per_read": p.fio.map(|x| x.cpu_us)})
         };
         json!({"probes": self.probes.iter().map(j).collect::<Vec<_>>(),
                "ring_setups": self.setups.iter().map(j).collect::<Vec<_>>()})
@@ -76,7 +99,8 @@ impl Floor {
 }
 
 /// Random reads of `bs` at depth `qd` through a ring set up as `setup` (`fixed_buf`: the buffer
-/// registered) → (IOPS, mean µs per read in flight). None where the set-up fails here.
+/// registered) → (IOPS, mean µs per read in flight, CPU µs per read). None where the set-up
+/// fails here.
 fn uring_iops(
     path: &Path,
     size: u64,
@@ -85,7 +109,7 @@ fn uring_iops(
     reads: usize,
     setup: RingSetup,
     fixed_buf: bool,
-) -> Option<(f64, f64)> {
+) -> Option<(f64, f64, f64)> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -113,19 +137,20 @@ fn uring_iops(
     // a short warm-up batch (ring and device queues), then the timed one
     ring.read_batch(&reqs[..qd.min(reqs.len())], &mut buf, &mut res)
         .ok()?;
-    let t = Instant::now();
+    let (t, cpu0) = (Instant::now(), ple_core::sys::thread_cpu_ns());
     ring.read_batch(&reqs, &mut buf, &mut res).ok()?;
     let s = t.elapsed().as_secs_f64();
+    let cpu_us = (ple_core::sys::thread_cpu_ns() - cpu0) as f64 / 1e3 / reads as f64;
     if res.iter().any(|&n| n != bs as i32) {
         return None;
     }
     let iops = reads as f64 / s;
-    Some((iops, qd.min(reads) as f64 / iops * 1e6))
+    Some((iops, qd.min(reads) as f64 / iops * 1e6, cpu_us))
 }
 
-/// fio's random-read IOPS and mean latency (µs) on `path` at `bs`/`qd` (io_uring, O_DIRECT,
-/// 3 s). None where fio is not installed or fails.
-fn fio(path: &Path, bs: u32, qd: usize) -> Option<(f64, f64)> {
+/// fio's random reads on `path` at `bs`/`qd` (io_uring, O_DIRECT, 3 s). None where fio is not
+/// installed or fails.
+fn fio(path: &Path, bs: u32, qd: usize) -> Option<Fio> {
     let out = std::process::Command::new("fio")
         .args([
             "--name=floor",
@@ -147,8 +172,18 @@ fn fio(path: &Path, bs: u32, qd: usize) -> Option<(f64, f64)> {
         return None;
     }
     let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-    let r = &v["jobs"][0]["read"];
-    Some((r["iops"].as_f64()?, r["lat_ns"]["mean"].as_f64()? / 1e3))
+    let job = &v["jobs"][0];
+    let r = &job["read"];
+    let ios = r["total_ios"].as_f64()?.max(1.0);
+    // usr_cpu and sys_cpu are percentages of the job's run time
+    let cpu_s = (job["usr_cpu"].as_f64()? + job["sys_cpu"].as_f64()?) / 100.0
+        * job["job_runtime"].as_f64()?
+        / 1e3;
+    Some(Fio {
+        iops: r["iops"].as_f64()?,
+        lat_us: r["lat_ns"]["mean"].as_f64()? / 1e3,
+        cpu_us: cpu_s * 1e6 / ios,
+    })
 }
 
 /// Measures the floors on `path` (`size` bytes); `scale` scales the number of reads.
@@ -177,6 +212,7 @@ pub(crate) fn measure(path: &Path, size: u64, scale: f64) -> Floor {
                 qd,
                 iops: r.map(|x| x.0),
                 lat_us: r.map(|x| x.1),
+                cpu_us: r.map(|x| x.2),
                 fio,
             });
         }
@@ -216,6 +252,7 @@ pub(crate) fn measure(path: &Path, size: u64, scale: f64) -> Floor {
             qd: 64,
             iops: r.map(|x| x.0),
             lat_us: r.map(|x| x.1),
+            cpu_us: r.map(|x| x.2),
             fio: None,
         });
     }

@@ -258,4 +258,27 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
         "<= 1",
         v <= 1.0,
     );
+    // the kernel's share of a read is the floor of any reader: the same reads by the floor's
+    // probe and by fio, on the same file
+    let (mut reads, mut rows_read) = (0u64, 0u64);
+    for r in c.runs.iter().filter(|r| r.mode == DIRECT) {
+        reads += r.storage_reads;
+        rows_read += r.rows;
+    }
+    let per_read = cpu as f64 / 1e3 / reads.max(1) as f64;
+    let (probe, fio) = fl.cpu_us(512, 64);
+    for (name, floor) in [("the floor probe's", probe), ("fio's", fio)] {
+        if let Some(f) = floor {
+            let v = per_read / f.max(1e-9);
+            ratio(
+                &format!(
+                    "DIRECT CPU per read ({per_read:.2} µs, {:.2} rows/read) / {name} (512 B QD64, {f:.2} µs)",
+                    rows_read as f64 / reads.max(1) as f64
+                ),
+                v,
+                "report",
+                true,
+            );
+        }
+    }
 }
