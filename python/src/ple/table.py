@@ -96,7 +96,9 @@ class Table:
     `num_threads`, `prefetch_policy` ("auto"/"always"/"never"), `prefetch_min_rows`,
     `ring_full_policy` ("wait"/"error"), `wait_timeout_us`, `history_window`, `cuda_device`,
     `wait_mode` ("auto"/"host"/"stream_op"/"spin_kernel"), `config_json_path`, `checkpoint_dir`,
-    `cache_bytes`, `io_mode` ("auto"/"mmap"/"direct").
+    `cache_bytes` (default `PLE_CACHE_AUTO`, 2**64 - 1: a 256 MiB row cache for a DIRECT handle,
+    none for MMAP; 0 = none; `info()["cache_bytes"]` says what the handle got), `io_mode`
+    ("auto"/"mmap"/"direct").
     """
 
     def __init__(self, path: PathLike, **options: Any):
