@@ -191,7 +191,7 @@ fn open_modes<'a>(ctx: &'a Ctx, c: &mut Cold) -> Result<Modes<'a>> {
     };
     Ok(Modes {
         never: with(&|o| o.prefetch_policy = PrefetchPolicy::Never)?,
-        willneed: with(&|o| o.uring_prefetch = false)?,
+        willneed: with(&|o| o.cold_reads = ple_core::step::ColdReads::Willneed)?,
         direct,
         normal: map_with(&ctx.p, memmap2::Advice::Normal)?,
         seed: map_with(&ctx.p, memmap2::Advice::Random)?,

@@ -55,6 +55,17 @@ enum Engine {
     Pread(rayon::ThreadPool),
 }
 
+/// When a reader uses the `pread` pool.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pool {
+    /// Where io_uring is refused.
+    Fallback,
+    /// Always (tests).
+    Forced,
+    /// Never: no io_uring is an error.
+    Never,
+}
+
 /// One row's place in the step's reads.
 #[derive(Clone, Copy)]
 struct Extent {
@@ -90,6 +101,21 @@ impl DirectReader {
     /// I/O does not work on the file (tmpfs, or `O_DIRECT` refused); `force_pread` skips
     /// io_uring (tests, and where it misbehaves).
     pub fn open(path: &Path, row_bytes: usize, force_pread: bool) -> Result<DirectReader> {
+        let pool = if force_pread {
+            Pool::Forced
+        } else {
+            Pool::Fallback
+        };
+        DirectReader::open_with(path, row_bytes, pool)
+    }
+
+    /// [`DirectReader::open`] with io_uring only: `Error::Unsupported` where io_uring is refused
+    /// (for a reader beside the mapping, not worth a pool of threads).
+    pub fn open_uring_only(path: &Path, row_bytes: usize) -> Result<DirectReader> {
+        DirectReader::open_with(path, row_bytes, Pool::Never)
+    }
+
+    fn open_with(path: &Path, row_bytes: usize, pool: Pool) -> Result<DirectReader> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)
@@ -119,7 +145,8 @@ impl DirectReader {
                 crate::io::buf::BUF_ALIGN
             )));
         }
-        let uring = if force_pread || std::env::var_os("PLE_IO_FORCE_PREAD").is_some() {
+        let forced = pool == Pool::Forced || std::env::var_os("PLE_IO_FORCE_PREAD").is_some();
+        let uring = if forced && pool != Pool::Never {
             None
         } else {
             match Ring::new(file.as_raw_fd(), DEPTH, RingSetup::default()) {
@@ -132,6 +159,12 @@ impl DirectReader {
         };
         let engine = match uring {
             Some(r) => Engine::Uring(Box::new(r)),
+            None if pool == Pool::Never => {
+                return Err(Error::Unsupported(format!(
+                    "direct I/O on {}: io_uring refused",
+                    path.display()
+                )));
+            }
             None => Engine::Pread(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(DEPTH)

@@ -192,19 +192,20 @@ fn truncate_and_check(p: &Pipeline, dir: &Path, format: RowFormat, seq0: u64) {
     }
 }
 
-/// MMAP steps that prefetch (policy ALWAYS): up to 4,096 rows read through io_uring into the slot,
-/// bigger ones advised WILLNEED and gathered; and the same with io_uring reads off. All give the
-/// generated rows; a truncated file fails only the steps past the cut.
+/// MMAP steps that prefetch (policy ALWAYS), each way of reading cold rows: sectors read directly
+/// then pages advised, buffered io_uring reads, WILLNEED and the gather (and bigger steps, always
+/// WILLNEED). All give the generated rows; a truncated file fails only the steps past the cut.
 #[test]
-fn mmap_prefetching_steps_give_the_generated_rows_both_ways() {
+fn mmap_prefetching_steps_give_the_generated_rows_every_way() {
+    use crate::step::ColdReads;
     let format = RowFormat::Nvfp4;
-    for uring in [true, false] {
+    for cold in [ColdReads::Direct, ColdReads::Buffered, ColdReads::Willneed] {
         let d = tempfile::tempdir().unwrap();
         table_in(d.path(), format);
         let p = open_with(d.path(), |o| {
             o.io_mode = IoMode::Mmap;
             o.prefetch_policy = crate::step::PrefetchPolicy::Always;
-            o.uring_prefetch = uring;
+            o.cold_reads = cold;
         })
         .unwrap();
         for (k, n) in [1usize, 8, 64, 256, 3].into_iter().enumerate() {
@@ -212,6 +213,14 @@ fn mmap_prefetching_steps_give_the_generated_rows_both_ways() {
         }
         let c = p.counters();
         assert_eq!(c.prefetch_steps, 5, "{c:?}");
+        if cold == ColdReads::Direct {
+            // sector reads of every row (no more than two blocks each), then the pages advised
+            let rows = c.decode_rows + c.prefill_rows;
+            assert!(
+                c.storage_reads >= 5 && c.storage_read_bytes >= rows * 512 / 2,
+                "{c:?}"
+            );
+        }
         truncate_and_check(&p, d.path(), format, 5);
     }
 }

@@ -12,7 +12,7 @@ mod ring;
 mod shared;
 mod worker;
 
-pub use options::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
+pub use options::{ColdReads, IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
 pub use pipeline::Pipeline;
 pub use shared::IoInfo;
 

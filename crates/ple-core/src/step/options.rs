@@ -77,13 +77,24 @@ pub struct OpenOptions {
     /// DIRECT: issue reads on the `pread` pool even where io_uring works (tests; the environment
     /// variable `PLE_IO_FORCE_PREAD` does the same for any handle).
     pub force_pread: bool,
-    /// MMAP: a prefetching step of at most 4,096 rows (decode steps) reads its rows through the
-    /// page cache with io_uring straight into its slot (true, the default, where io_uring
-    /// works), or advises its pages WILLNEED and then gathers from the mapping (false). `ple
-    /// bench` on a loop device measured the reads 0.70–0.94× the WILLNEED path's p50 for cold
-    /// decode of 8, 64 and 256 requests. Bigger steps always advise WILLNEED while the pool
-    /// gathers.
-    pub uring_prefetch: bool,
+    /// MMAP: how a prefetching step of at most 4,096 rows (decode steps) reads its rows (bigger
+    /// steps always advise WILLNEED while the pool gathers).
+    pub cold_reads: ColdReads,
+}
+
+/// MMAP: how a prefetching step of at most 4,096 rows reads its rows; each falls back to the
+/// next where the kernel refuses it (O_DIRECT, then io_uring).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ColdReads {
+    /// The default: the rows' sectors read `O_DIRECT` through io_uring into the slot (as DIRECT
+    /// mode reads them), then, once the step is published, WILLNEED for their pages, so the page
+    /// cache warms as it would have.
+    #[default]
+    Direct,
+    /// Buffered io_uring reads of the rows through the page cache into the slot.
+    Buffered,
+    /// WILLNEED for the pages, then a gather from the mapping.
+    Willneed,
 }
 
 impl Default for OpenOptions {
@@ -104,7 +115,7 @@ impl Default for OpenOptions {
             cache_bytes: CACHE_AUTO,
             io_mode: IoMode::Auto,
             force_pread: false,
-            uring_prefetch: true,
+            cold_reads: ColdReads::Direct,
         }
     }
 }

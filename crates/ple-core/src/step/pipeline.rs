@@ -32,13 +32,12 @@ use crate::error::{Error, Result};
 use crate::format::table::Table;
 use crate::format::table::TableInfo;
 use crate::io::cache::RowCache;
-use crate::io::prefetch::{self};
 use crate::lookup::context::Batch;
 use crate::lookup::context::{Tracker, resolve_contexts_checked, validate_batch};
 use crate::lookup::hash::Hasher;
 use crate::stats::Counters;
 use crate::stats::{self, Stats};
-use crate::step::options::{CACHE_AUTO, IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy};
+use crate::step::options::{CACHE_AUTO, IoMode, OpenOptions, RingFullPolicy};
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::path::Path;
@@ -137,12 +136,7 @@ impl Pipeline {
         let table = Table::open(dir, &topts)?;
         let hasher = Hasher::new(table.hash_params())?;
         let direct = open_direct(&table, &opts)?.map(Mutex::new);
-        let uring_prefetch = match (&direct, opts.prefetch_policy) {
-            (None, PrefetchPolicy::Auto | PrefetchPolicy::Always) if opts.uring_prefetch => {
-                prefetch::UringPrefetcher::open(table.rows_path()).map(Mutex::new)
-            }
-            _ => None,
-        };
+        let cold = open_cold(&table, &opts, direct.is_some());
         if table.meta().num_heads as usize != crate::model::NUM_HEADS {
             return Err(Error::Unsupported(format!(
                 "tables with {} heads",
@@ -215,7 +209,7 @@ impl Pipeline {
             cache,
             cache_budget,
             direct,
-            uring_prefetch,
+            cold,
             opts,
             #[cfg(test)]
             hooks: TestHooks::default(),

@@ -11,7 +11,7 @@ use crate::io::direct::{Backend, DirectReader};
 use crate::io::prefetch::{self};
 use crate::lookup::hash::Hasher;
 use crate::stats::{self, Stats};
-use crate::step::options::{IoMode, OpenOptions};
+use crate::step::options::{ColdReads, IoMode, OpenOptions, PrefetchPolicy};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -100,9 +100,9 @@ pub(super) struct Shared {
     pub(super) cache_budget: u64,
     /// DIRECT mode's reader (None: MMAP mode). Used by the worker only; the lock is uncontended.
     pub(super) direct: Option<Mutex<DirectReader>>,
-    /// MMAP mode: the io_uring page reads that prefetch steps gathered on the worker thread
-    /// (None: io_uring refused, WILLNEED advice instead). Used by the worker only.
-    pub(super) uring_prefetch: Option<Mutex<prefetch::UringPrefetcher>>,
+    /// MMAP mode: how prefetching steps of at most `URING_ROWS_MAX` rows read their rows. Used by
+    /// the worker only.
+    pub(super) cold: ColdReader,
     #[cfg(test)]
     pub(super) hooks: TestHooks,
 }
@@ -116,6 +116,34 @@ pub struct IoInfo {
     pub backend: Option<Backend>,
     /// Bytes of the row cache (`cache_bytes`, AUTO resolved; 0: none).
     pub cache_bytes: u64,
+}
+
+/// MMAP mode's reader of cold rows (see [`ColdReads`]).
+pub(super) enum ColdReader {
+    Direct(Mutex<DirectReader>),
+    Buffered(Mutex<prefetch::UringPrefetcher>),
+    /// WILLNEED and the gather (also DIRECT mode and PREFETCH_NEVER, which have no use for one).
+    None,
+}
+
+/// The cold-row reader `opts.cold_reads` asks for, falling back where the kernel refuses it:
+/// sector reads need `O_DIRECT` and io_uring (never a pread pool), buffered reads io_uring.
+pub(super) fn open_cold(table: &Table, opts: &OpenOptions, direct_mode: bool) -> ColdReader {
+    if direct_mode || opts.prefetch_policy == PrefetchPolicy::Never {
+        return ColdReader::None;
+    }
+    if opts.cold_reads == ColdReads::Direct {
+        match DirectReader::open_uring_only(table.rows_path(), table.row_bytes()) {
+            Ok(d) => return ColdReader::Direct(Mutex::new(d)),
+            Err(e) => log::info!("MMAP cold reads: buffered ({e})"),
+        }
+    }
+    if opts.cold_reads != ColdReads::Willneed {
+        if let Some(u) = prefetch::UringPrefetcher::open(table.rows_path()) {
+            return ColdReader::Buffered(Mutex::new(u));
+        }
+    }
+    ColdReader::None
 }
 
 /// Opens the DIRECT reader `opts.io_mode` asks for: MMAP → none; DIRECT → the reader or its

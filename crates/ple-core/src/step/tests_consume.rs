@@ -52,7 +52,12 @@ fn dequant_cpu_consumes_and_matches_rows() {
 fn stats_count_steps_pages_and_prefetch() {
     let format = RowFormat::Nvfp4;
     let d = make_table(format, 3000);
-    let p = open(d.path(), |o| o.prefetch_policy = PrefetchPolicy::Always);
+    // (WILLNEED for every step: with the default direct reads of cold rows, a step's pages are
+    // advised only when no other step waits, which back-to-back submits make a race)
+    let p = open(d.path(), |o| {
+        o.prefetch_policy = PrefetchPolicy::Always;
+        o.cold_reads = crate::step::ColdReads::Willneed;
+    });
     let prefill = B::new(&[(1, 0, (100..140).collect())], None); // span of 40 > 8
     let verify = B::new(
         &[(2, 0, vec![1, 2, 3, 4, 5, 6, 7, 8]), (3, 0, vec![9])],

@@ -186,11 +186,17 @@ impl Shared {
         } else if prefetch {
             rec.prefetched = true;
             rec.storage_reads = w.pages.ranges.len() as u64;
-            let uring = match &self.uring_prefetch {
-                Some(u) if w.ids.len() <= URING_ROWS_MAX => Some(u),
-                _ => None,
-            };
-            if let Some(u) = uring {
+            let small = w.ids.len() <= URING_ROWS_MAX;
+            if let (ColdReader::Direct(d), true) = (&self.cold, small) {
+                // the rows' sectors read into the slot, all in flight; their pages are advised
+                // once the step is published (`advise_cold_pages`)
+                let r = lock(d).read_rows(&w.ids, staging)?;
+                stats::thread_read_bytes_delta(); // (the reads' bytes, counted here)
+                rec.storage_reads = r.reads;
+                rec.io.read_bytes += r.bytes;
+                w.advise_after = true;
+                rec.gather_ns = stats::ns(t2.elapsed());
+            } else if let (ColdReader::Buffered(u), true) = (&self.cold, small) {
                 // the rows read through the page cache straight into the slot, all in flight
                 // at once: no fault, and cached rows cost no storage read
                 lock(u).read_rows(&w.ids, rb, staging)?;
@@ -296,6 +302,21 @@ impl Shared {
         Ok(rec)
     }
 
+    /// After a step whose rows were read directly (MMAP, [`ColdReader::Direct`]), when no other
+    /// step waits: WILLNEED for their pages, off the step's latency, so the page cache warms as a
+    /// gather would have left it (a step that was waiting skips it: its rows are read directly
+    /// again the next time). A failure only loses the warming (the step is already published).
+    fn advise_cold_pages(&self, w: &WorkerScratch, rec: &mut StepRecord) {
+        match prefetch::prefetch(self.table.file(), self.table.bytes(), &w.pages.ranges) {
+            Ok(n) => {
+                rec.pages_prefetched = n;
+                rec.storage_reads += w.pages.ranges.len() as u64;
+                rec.io.read_bytes += stats::thread_read_bytes_delta();
+            }
+            Err(e) => log::debug!("WILLNEED after a direct-read step: {e}"),
+        }
+    }
+
     pub(super) fn check_closing(&self) -> Result<()> {
         if self.closing.load(Ordering::Relaxed) {
             Err(Error::State(
@@ -323,6 +344,9 @@ pub(super) struct WorkerScratch {
     pub(super) storage_recently: bool,
     /// DIRECT mode with a row cache: the misses' buffers.
     pub(super) read_through: cache::ReadThroughScratch,
+    /// MMAP: the last step read its rows' sectors directly; its pages (`pages`) are still to be
+    /// advised WILLNEED.
+    pub(super) advise_after: bool,
 }
 
 /// Receives the next job, spinning briefly first (back-to-back steps skip the futex wake-up).
@@ -347,7 +371,9 @@ pub(super) fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
     stats::thread_read_bytes_delta();
     stats::thread_io_since_last();
     let mut w = WorkerScratch::default();
-    while let Some(work) = recv_spin(&rx) {
+    // a job received while deciding whether the worker is idle (see `advise_after`)
+    let mut next: Option<Work> = None;
+    while let Some(work) = next.take().or_else(|| recv_spin(&rx)) {
         let job = match work {
             Work::Step(job) => job,
             Work::Run(f) => {
@@ -358,6 +384,7 @@ pub(super) fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
             }
         };
         w.count_pages_later = false;
+        w.advise_after = false;
         let r = if sh.closing.load(Ordering::Relaxed) {
             Err(Error::State(
                 "the handle was closed before the step ran".into(),
@@ -376,6 +403,14 @@ pub(super) fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
         match r {
             Ok(mut rec) => {
                 rec.step_ns = sh.publish(&job, Ok(()));
+                // warm the page cache with the directly read rows' pages only while no step
+                // waits (the advice costs ~2 µs per page on this thread)
+                if w.advise_after {
+                    match rx.try_recv() {
+                        Ok(j) => next = Some(j),
+                        Err(_) => sh.advise_cold_pages(&w, &mut rec),
+                    }
+                }
                 // accounting after the step is visible to its waiter: this thread's faults
                 // (and storage reads) since the previous step's, and the distinct pages
                 rec.io.add(stats::thread_io_since_last());
