@@ -574,14 +574,16 @@ typedef int32_t (*ple_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, vo
 /**
  * Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
  * decode included) unless a residency sample finds its pages cached (mincore of one page after
- * cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). Steps gathered
- * on the worker thread (under 1,024 rows) read their pages through io_uring, bigger ones issue
- * WILLNEED overlapped with the gather.
+ * cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
+ * prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
+ * advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
+ * or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
+ * issue WILLNEED overlapped with the gather.
  */
 #define PLE_PREFETCH_AUTO 0
 
 /**
- * Prefetch policy: always issue WILLNEED before gathering.
+ * Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
  */
 #define PLE_PREFETCH_ALWAYS 1
 

@@ -67,11 +67,13 @@ pub type ple_prefetch_policy = i32;
 
 /// Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
 /// decode included) unless a residency sample finds its pages cached (mincore of one page after
-/// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). Steps gathered
-/// on the worker thread (under 1,024 rows) read their pages through io_uring, bigger ones issue
-/// WILLNEED overlapped with the gather.
+/// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
+/// prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
+/// advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
+/// or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
+/// issue WILLNEED overlapped with the gather.
 pub const PLE_PREFETCH_AUTO: ple_prefetch_policy = 0;
-/// Prefetch policy: always issue WILLNEED before gathering.
+/// Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
 pub const PLE_PREFETCH_ALWAYS: ple_prefetch_policy = 1;
 /// Prefetch policy: never prefetch (MADV_RANDOM faults only).
 pub const PLE_PREFETCH_NEVER: ple_prefetch_policy = 2;
