@@ -289,3 +289,75 @@ fn direct_through_the_row_cache_gives_the_generated_rows() {
         assert!(c.storage_read_bytes <= c.cache_misses * 2 * 4096, "{c:?}");
     }
 }
+
+/// MMAP with direct reads of cold rows: a cold step's rows come from the sectors, and once the
+/// worker is idle their pages are advised, so the page cache holds them afterwards (as a
+/// faulting gather would have left it).
+#[test]
+fn direct_cold_reads_warm_the_page_cache_afterwards() {
+    use std::os::fd::AsRawFd;
+    let format = RowFormat::Nvfp4;
+    let d = tempfile::tempdir().unwrap();
+    table_in(d.path(), format);
+    let p = open_with(d.path(), |o| o.io_mode = IoMode::Mmap).unwrap();
+    let (map, fd) = (p.table().bytes(), p.table().file().as_raw_fd());
+    let st = Step::new(99, 8);
+    let ids = row_ids(&p, &st);
+    let pages_of = |ids: &[u64]| -> Vec<u64> {
+        let mut v: Vec<u64> = ids
+            .iter()
+            .flat_map(|&r| [r * 90 / 4096, (r * 90 + 89) / 4096])
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let pages = pages_of(&ids);
+    // (written just now: its pages are dirty until synced, and DONTNEED drops only clean ones)
+    p.table().file().sync_all().unwrap();
+    // the whole file: a page cache of large folios drops nothing for a 4 KiB range
+    // SAFETY: the whole mapping (its start is page-aligned, the kernel rounds the length);
+    // MADV_DONTNEED on a read-only file mapping only drops page-table entries (the next access
+    // reads the file again), and no step is in flight.
+    unsafe {
+        libc::madvise(
+            map.as_ptr() as *mut libc::c_void,
+            map.len(),
+            libc::MADV_DONTNEED,
+        )
+    };
+    crate::sys::fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED).unwrap();
+    let resident = || {
+        pages
+            .iter()
+            .filter(|&&pg| crate::sys::page_resident(map, (pg * 4096) as usize))
+            .count()
+    };
+    if resident() > pages.len() / 2 {
+        eprintln!(
+            "(the page cache kept {} of {} pages: nothing to observe here)",
+            resident(),
+            pages.len()
+        );
+        return;
+    }
+    let c0 = p.counters();
+    step(&p, 1, &st, format).unwrap();
+    let c1 = p.counters();
+    if c1.storage_read_bytes == c0.storage_read_bytes {
+        eprintln!("(no direct cold reads here: O_DIRECT or io_uring refused)");
+        return;
+    }
+    // the advice runs when the worker's spin for a next step ends (tens of µs), then the reads
+    let t = std::time::Instant::now();
+    while resident() < pages.len() && t.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(
+        resident(),
+        pages.len(),
+        "the step's pages were advised and read"
+    );
+    let c2 = p.counters();
+    assert!(c2.pages_prefetched >= pages.len() as u64, "{c2:?}");
+}

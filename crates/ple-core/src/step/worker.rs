@@ -189,12 +189,14 @@ impl Shared {
             let small = w.ids.len() <= URING_ROWS_MAX;
             if let (ColdReader::Direct(d), true) = (&self.cold, small) {
                 // the rows' sectors read into the slot, all in flight; their pages are advised
-                // once the step is published (`advise_cold_pages`)
+                // when the worker is next idle (`advise_pending`)
                 let r = lock(d).read_rows(&w.ids, staging)?;
                 stats::thread_read_bytes_delta(); // (the reads' bytes, counted here)
                 rec.storage_reads = r.reads;
                 rec.io.read_bytes += r.bytes;
-                w.advise_after = true;
+                if w.advice.len() < MAX_PENDING_ADVICE {
+                    w.advice.extend_from_slice(&w.pages.ranges);
+                }
                 rec.gather_ns = stats::ns(t2.elapsed());
             } else if let (ColdReader::Buffered(u), true) = (&self.cold, small) {
                 // the rows read through the page cache straight into the slot, all in flight
@@ -302,19 +304,29 @@ impl Shared {
         Ok(rec)
     }
 
-    /// After a step whose rows were read directly (MMAP, [`ColdReader::Direct`]), when no other
-    /// step waits: WILLNEED for their pages, off the step's latency, so the page cache warms as a
-    /// gather would have left it (a step that was waiting skips it: its rows are read directly
-    /// again the next time). A failure only loses the warming (the step is already published).
-    fn advise_cold_pages(&self, w: &WorkerScratch, rec: &mut StepRecord) {
-        match prefetch::prefetch(self.table.file(), self.table.bytes(), &w.pages.ranges) {
-            Ok(n) => {
-                rec.pages_prefetched = n;
-                rec.storage_reads += w.pages.ranges.len() as u64;
-                rec.io.read_bytes += stats::thread_read_bytes_delta();
-            }
-            Err(e) => log::debug!("WILLNEED after a direct-read step: {e}"),
+    /// When the worker is idle after steps whose rows were read directly (MMAP,
+    /// [`ColdReader::Direct`]): WILLNEED for their pages, so the page cache warms as a gather
+    /// would have left it — off every step's latency, and after the waiter of the last step had
+    /// the worker's spin to wake up in (on a small machine the advice would take its CPU). The
+    /// storage it reads is counted in the handle's counters directly. A failure only loses the
+    /// warming.
+    fn advise_pending(&self, w: &mut WorkerScratch) {
+        if w.advice.is_empty() {
+            return;
         }
+        stats::thread_read_bytes_delta();
+        match prefetch::prefetch(self.table.file(), self.table.bytes(), &w.advice) {
+            Ok(n) => {
+                let st = &self.stats;
+                st.pages_prefetched.fetch_add(n, Ordering::Relaxed);
+                st.storage_reads
+                    .fetch_add(w.advice.len() as u64, Ordering::Relaxed);
+                st.storage_read_bytes
+                    .fetch_add(stats::thread_read_bytes_delta(), Ordering::Relaxed);
+            }
+            Err(e) => log::debug!("WILLNEED after direct-read steps: {e}"),
+        }
+        w.advice.clear();
     }
 
     pub(super) fn check_closing(&self) -> Result<()> {
@@ -344,13 +356,17 @@ pub(super) struct WorkerScratch {
     pub(super) storage_recently: bool,
     /// DIRECT mode with a row cache: the misses' buffers.
     pub(super) read_through: cache::ReadThroughScratch,
-    /// MMAP: the last step read its rows' sectors directly; its pages (`pages`) are still to be
-    /// advised WILLNEED.
-    pub(super) advise_after: bool,
+    /// MMAP: page ranges of rows read directly, to advise WILLNEED when the worker is idle.
+    pub(super) advice: Vec<prefetch::PageRange>,
 }
 
-/// Receives the next job, spinning briefly first (back-to-back steps skip the futex wake-up).
-pub(super) fn recv_spin(rx: &mpsc::Receiver<Work>) -> Option<Work> {
+/// Most page ranges waiting to be advised (a busy worker drops the advice beyond it: those rows
+/// are read directly again the next time).
+const MAX_PENDING_ADVICE: usize = 1 << 16;
+
+/// Receives the next job, spinning briefly first (back-to-back steps skip the futex wake-up);
+/// when the spin ends with no job, runs `idle` once before blocking.
+pub(super) fn recv_spin(rx: &mpsc::Receiver<Work>, idle: impl FnOnce()) -> Option<Work> {
     let start = Instant::now();
     let mut i = 0u32;
     loop {
@@ -361,6 +377,7 @@ pub(super) fn recv_spin(rx: &mpsc::Receiver<Work>) -> Option<Work> {
         }
         i += 1;
         if i % 32 == 0 && start.elapsed() > WORKER_SPIN {
+            idle();
             return rx.recv().ok();
         }
         spin_round(start, i, WORKER_BUSY_SPIN);
@@ -371,9 +388,10 @@ pub(super) fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
     stats::thread_read_bytes_delta();
     stats::thread_io_since_last();
     let mut w = WorkerScratch::default();
-    // a job received while deciding whether the worker is idle (see `advise_after`)
-    let mut next: Option<Work> = None;
-    while let Some(work) = next.take().or_else(|| recv_spin(&rx)) {
+    loop {
+        let Some(work) = recv_spin(&rx, || sh.advise_pending(&mut w)) else {
+            break;
+        };
         let job = match work {
             Work::Step(job) => job,
             Work::Run(f) => {
@@ -384,7 +402,6 @@ pub(super) fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
             }
         };
         w.count_pages_later = false;
-        w.advise_after = false;
         let r = if sh.closing.load(Ordering::Relaxed) {
             Err(Error::State(
                 "the handle was closed before the step ran".into(),
@@ -403,14 +420,6 @@ pub(super) fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
         match r {
             Ok(mut rec) => {
                 rec.step_ns = sh.publish(&job, Ok(()));
-                // warm the page cache with the directly read rows' pages only while no step
-                // waits (the advice costs ~2 µs per page on this thread)
-                if w.advise_after {
-                    match rx.try_recv() {
-                        Ok(j) => next = Some(j),
-                        Err(_) => sh.advise_cold_pages(&w, &mut rec),
-                    }
-                }
                 // accounting after the step is visible to its waiter: this thread's faults
                 // (and storage reads) since the previous step's, and the distinct pages
                 rec.io.add(stats::thread_io_since_last());
