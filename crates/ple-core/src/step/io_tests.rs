@@ -192,9 +192,37 @@ fn truncate_and_check(p: &Pipeline, dir: &Path, format: RowFormat, seq0: u64) {
     }
 }
 
-/// MMAP steps that prefetch (policy ALWAYS), each way of reading cold rows: sectors read directly
-/// then pages advised, buffered io_uring reads, WILLNEED and the gather (and bigger steps, always
-/// WILLNEED). All give the generated rows; a truncated file fails only the steps past the cut.
+/// Drops the table's pages from the page cache (its mapping's page-table entries first: mapped
+/// pages stay cached), so the next steps are cold.
+fn evict_all(p: &Pipeline) {
+    use std::os::fd::AsRawFd;
+    let map = p.table().bytes();
+    // (written just now: its pages are dirty until synced, and DONTNEED drops only clean ones)
+    p.table().file().sync_all().unwrap();
+    // the whole file: a page cache of large folios drops nothing for a 4 KiB range
+    // SAFETY: the whole mapping (its start is page-aligned, the kernel rounds the length);
+    // MADV_DONTNEED on a read-only file mapping only drops page-table entries (the next access
+    // reads the file again), and no step is in flight.
+    unsafe {
+        libc::madvise(
+            map.as_ptr() as *mut libc::c_void,
+            map.len(),
+            libc::MADV_DONTNEED,
+        )
+    };
+    crate::sys::fadvise(
+        p.table().file().as_raw_fd(),
+        0,
+        0,
+        libc::POSIX_FADV_DONTNEED,
+    )
+    .unwrap();
+}
+
+/// MMAP steps that prefetch (policy ALWAYS), cold (the page cache dropped before each) and warm,
+/// each way of reading cold rows: sectors read directly then pages advised, buffered io_uring
+/// reads, WILLNEED and the gather (and bigger steps, always WILLNEED). All give the generated
+/// rows; a warm step reads nothing; a truncated file fails only the steps past the cut.
 #[test]
 fn mmap_prefetching_steps_give_the_generated_rows_every_way() {
     use crate::step::ColdReads;
@@ -208,20 +236,39 @@ fn mmap_prefetching_steps_give_the_generated_rows_every_way() {
             o.cold_reads = cold;
         })
         .unwrap();
-        for (k, n) in [1usize, 8, 64, 256, 3].into_iter().enumerate() {
+        let shapes = [1usize, 8, 64, 256, 3];
+        for (k, n) in shapes.into_iter().enumerate() {
+            evict_all(&p);
             step(&p, k as u64 + 1, &Step::new(k as u64 * 13 + 2, n), format).unwrap();
         }
         let c = p.counters();
         assert_eq!(c.prefetch_steps, 5, "{c:?}");
         if cold == ColdReads::Direct {
-            // sector reads of every row (no more than two blocks each), then the pages advised
+            // sector reads of every row (no more than two blocks each)
             let rows = c.decode_rows + c.prefill_rows;
             assert!(
                 c.storage_reads >= 5 && c.storage_read_bytes >= rows * 512 / 2,
                 "{c:?}"
             );
         }
-        truncate_and_check(&p, d.path(), format, 5);
+        // the same steps once more (the evictions above dropped the earlier steps' advised
+        // pages), then, once the worker was idle (their pages advised and read), again: ALWAYS
+        // advises and gathers from memory, reading nothing
+        for (k, n) in shapes.into_iter().enumerate() {
+            step(&p, 10 + k as u64, &Step::new(k as u64 * 13 + 2, n), format).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let c0 = p.counters();
+        for (k, n) in shapes.into_iter().enumerate() {
+            step(&p, 20 + k as u64, &Step::new(k as u64 * 13 + 2, n), format).unwrap();
+        }
+        let c1 = p.counters();
+        assert_eq!(c1.prefetch_steps - c0.prefetch_steps, 5, "{c1:?}");
+        assert_eq!(
+            c1.storage_read_bytes, c0.storage_read_bytes,
+            "warm steps read storage"
+        );
+        truncate_and_check(&p, d.path(), format, 30);
     }
 }
 
@@ -295,12 +342,11 @@ fn direct_through_the_row_cache_gives_the_generated_rows() {
 /// faulting gather would have left it).
 #[test]
 fn direct_cold_reads_warm_the_page_cache_afterwards() {
-    use std::os::fd::AsRawFd;
     let format = RowFormat::Nvfp4;
     let d = tempfile::tempdir().unwrap();
     table_in(d.path(), format);
     let p = open_with(d.path(), |o| o.io_mode = IoMode::Mmap).unwrap();
-    let (map, fd) = (p.table().bytes(), p.table().file().as_raw_fd());
+    let map = p.table().bytes();
     let st = Step::new(99, 8);
     let ids = row_ids(&p, &st);
     let pages_of = |ids: &[u64]| -> Vec<u64> {
@@ -313,20 +359,7 @@ fn direct_cold_reads_warm_the_page_cache_afterwards() {
         v
     };
     let pages = pages_of(&ids);
-    // (written just now: its pages are dirty until synced, and DONTNEED drops only clean ones)
-    p.table().file().sync_all().unwrap();
-    // the whole file: a page cache of large folios drops nothing for a 4 KiB range
-    // SAFETY: the whole mapping (its start is page-aligned, the kernel rounds the length);
-    // MADV_DONTNEED on a read-only file mapping only drops page-table entries (the next access
-    // reads the file again), and no step is in flight.
-    unsafe {
-        libc::madvise(
-            map.as_ptr() as *mut libc::c_void,
-            map.len(),
-            libc::MADV_DONTNEED,
-        )
-    };
-    crate::sys::fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED).unwrap();
+    evict_all(&p);
     let resident = || {
         pages
             .iter()

@@ -186,7 +186,16 @@ impl Shared {
         } else if prefetch {
             rec.prefetched = true;
             rec.storage_reads = w.pages.ranges.len() as u64;
-            let small = w.ids.len() <= URING_ROWS_MAX;
+            // read the rows past the page cache only for a cold step: AUTO prefetches only those;
+            // ALWAYS prefetches warm steps too, and those gather from memory after WILLNEED
+            let small = w.ids.len() <= URING_ROWS_MAX
+                && (self.opts.prefetch_policy != PrefetchPolicy::Always
+                    || !prefetch::sample_resident(
+                        self.table.bytes(),
+                        &w.ids,
+                        rb,
+                        prefetch::sample_size(w.ids.len()),
+                    ));
             if let (ColdReader::Direct(d), true) = (&self.cold, small) {
                 // the rows' sectors read into the slot, all in flight; their pages are advised
                 // when the worker is next idle (`advise_pending`)
@@ -360,9 +369,13 @@ pub(super) struct WorkerScratch {
     pub(super) advice: Vec<prefetch::PageRange>,
 }
 
-/// Most page ranges waiting to be advised (a busy worker drops the advice beyond it: those rows
-/// are read directly again the next time).
+/// Most page ranges waiting to be advised (beyond it the advice is dropped: those rows are read
+/// directly again the next time).
 const MAX_PENDING_ADVICE: usize = 1 << 16;
+/// Page ranges waiting to be advised that make the worker advise them before its next step even
+/// though it has not been idle (steps submitted back to back): about 1 ms of advice, so the page
+/// cache still warms under steady load.
+const ADVISE_BEFORE_STEP: usize = 512;
 
 /// Receives the next job, spinning briefly first (back-to-back steps skip the futex wake-up);
 /// when the spin ends with no job, runs `idle` once before blocking.
@@ -402,6 +415,9 @@ pub(super) fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
             }
         };
         w.count_pages_later = false;
+        if w.advice.len() >= ADVISE_BEFORE_STEP {
+            sh.advise_pending(&mut w);
+        }
         let r = if sh.closing.load(Ordering::Relaxed) {
             Err(Error::State(
                 "the handle was closed before the step ran".into(),
