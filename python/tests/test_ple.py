@@ -78,6 +78,19 @@ def test_info_fields_line_up_with_the_header(table):
     _lib.check(_lib.lib.ple_options_default(o))
     assert o.struct_size == _lib.ctypes.sizeof(_lib.ple_options)
     assert (o.max_tokens_per_step, o.max_in_flight, o.cuda_device) == (8192, 2, -1)
+    assert o.cache_bytes == ple.PLE_CACHE_AUTO
+    # a small table opens MMAP under AUTO, and AUTO gives an MMAP handle no row cache
+    assert (i["io_mode"], i["io_backend"], i["cache_bytes"]) == ("mmap", "mmap", 0)
+
+
+def test_a_row_cache_of_the_size_asked_for(table_dir):
+    with ple.Table(table_dir, max_tokens_per_step=64, num_threads=2, cache_bytes=8 << 20) as t:
+        assert t.info["cache_bytes"] == 8 << 20
+        for _ in range(2):
+            t.submit(**TWO).release()
+        s = t.stats()
+        assert s["cache_hits"] + s["cache_misses"] == s["prefill_rows"] + s["decode_rows"]
+        assert s["cache_hits"] >= 8 * 16  # the second step's rows were all cached
 
 
 def test_packed_rows_are_the_table_rows_at_the_ids(table, table_dir):

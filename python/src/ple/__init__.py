@@ -8,10 +8,11 @@ embedding table of Qwen3.8-Flash-Next-style models from NVMe.
         # or, on a GPU handle: step.dequant_fuse(hidden, torch.cuda.current_stream())
 """
 
-from ._lib import PLE_EMBED_DIM, PLE_NUM_HEADS, PleError
+from ._lib import PLE_CACHE_AUTO, PLE_EMBED_DIM, PLE_NUM_HEADS, PleError
 from .table import Step, Table, batch_from_requests, pack, version
 
 __all__ = [
+    "PLE_CACHE_AUTO",
     "PLE_EMBED_DIM",
     "PLE_NUM_HEADS",
     "PleError",

@@ -27,6 +27,8 @@ c_uint32_p = POINTER(c_uint32)
 
 PLE_NUM_HEADS = 16
 PLE_EMBED_DIM = 2560
+# `cache_bytes` default: a 256 MiB row cache for a DIRECT handle, none for MMAP (`ple.h`)
+PLE_CACHE_AUTO = 2**64 - 1
 
 DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
 FUSE_ACCUMULATE = 1
