@@ -137,6 +137,15 @@ fn seed_method(
     })
 }
 
+/// Issues the advice an MMAP handle's worker keeps for when it is idle (`run_on_worker` issues it
+/// first), then waits for those reads of `pages` pages: 1 ms + 10 µs a page, longer than they
+/// take at the device's depth (100k IOPS and more).
+fn settle(p: &Pipeline, pages: u64) -> Result<()> {
+    p.run_on_worker(|_, _| ())?;
+    std::thread::sleep(std::time::Duration::from_micros(1000 + 10 * pages));
+    Ok(())
+}
+
 /// A second read-only mapping of the row file with `advice`.
 fn map_with(p: &Pipeline, advice: memmap2::Advice) -> Result<memmap2::Mmap> {
     // SAFETY: a read-only shared mapping of the table's row file, which no one in this process
@@ -264,7 +273,9 @@ fn cold_chunks(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
 /// Cold decode, paired: per shape, step j of every mode runs back to back (rotating which goes
 /// first), each on its own steps (mode k takes steps k, k + 4, …: no mode reads rows another just
 /// read, so no cache below the page cache favours it) and each right after the pages of its rows
-/// were evicted. Drift of a shared device then moves every mode alike.
+/// were evicted. Drift of a shared device then moves every mode alike. After each MMAP step, the
+/// page advice its worker would issue when idle is issued and given time to be read
+/// ([`settle`]): it must not run beside the next mode's step.
 fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
     let (maps, file) = (m.maps(), ctx.p.table().file());
     const NM: usize = 4; // MMAP, seed, DIRECT, MMAP with WILLNEED + gather
@@ -281,7 +292,11 @@ fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
                 let res = evict_rows(&maps, file, &ids[0], ctx.rb);
                 c.fully_evicted &= res == 0;
                 let run = match k {
-                    0 => run_steps(m.p, st, &mut seqs[0], name, MMAP, res)?,
+                    0 => {
+                        let run = run_steps(m.p, st, &mut seqs[0], name, MMAP, res)?;
+                        settle(m.p, run.unique_pages)?;
+                        run
+                    }
                     1 => seed_method(ctx, &m.seed, file.as_raw_fd(), name, ids, res)?,
                     2 => match &m.direct {
                         Some(d) => {

@@ -408,6 +408,9 @@ pub(super) fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
         let job = match work {
             Work::Step(job) => job,
             Work::Run(f) => {
+                // the advice still waiting for an idle worker is issued first, so a closure
+                // (a benchmark's baseline) never runs beside it
+                sh.advise_pending(&mut w);
                 // (a panic here drops the reply sender: the caller sees the error)
                 let _ = std::panic::catch_unwind(AssertUnwindSafe(|| f(&sh.table, sh.pool())));
                 stats::thread_io_since_last(); // not a step's
