@@ -186,33 +186,7 @@ impl Shared {
         } else if prefetch {
             rec.prefetched = true;
             rec.storage_reads = w.pages.ranges.len() as u64;
-            // read the rows past the page cache only for a cold step: AUTO prefetches only those;
-            // ALWAYS prefetches warm steps too, and those gather from memory after WILLNEED
-            let small = w.ids.len() <= URING_ROWS_MAX
-                && (self.opts.prefetch_policy != PrefetchPolicy::Always
-                    || !prefetch::sample_resident(
-                        self.table.bytes(),
-                        &w.ids,
-                        rb,
-                        prefetch::sample_size(w.ids.len()),
-                    ));
-            if let (ColdReader::Direct(d), true) = (&self.cold, small) {
-                // the rows' sectors read into the slot, all in flight; their pages are advised
-                // when the worker is next idle (`advise_pending`)
-                let r = lock(d).read_rows(&w.ids, staging)?;
-                stats::thread_read_bytes_delta(); // (the reads' bytes, counted here)
-                rec.storage_reads = r.reads;
-                rec.io.read_bytes += r.bytes;
-                if w.advice.len() < MAX_PENDING_ADVICE {
-                    w.advice.extend_from_slice(&w.pages.ranges);
-                }
-                rec.gather_ns = stats::ns(t2.elapsed());
-            } else if let (ColdReader::Buffered(u), true) = (&self.cold, small) {
-                // the rows read through the page cache straight into the slot, all in flight
-                // at once: no fault, and cached rows cost no storage read
-                lock(u).read_rows(&w.ids, rb, staging)?;
-                rec.pages_prefetched = w.pages.len() as u64;
-                rec.io.read_bytes += stats::thread_read_bytes_delta();
+            if self.read_cold_rows(w, staging, &mut rec)? {
                 rec.gather_ns = stats::ns(t2.elapsed());
             } else if w.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 {
                 let r = gather::gather_overlapped(
@@ -263,6 +237,53 @@ impl Shared {
             rec.gather_ns = stats::ns(t2.elapsed());
         }
         Ok(rec)
+    }
+
+    /// MMAP: reads a cold prefetching step's rows past the mapping into `staging` when the
+    /// handle has a [`ColdReader`] and the step is small enough; false when the step is left to
+    /// WILLNEED and the gather. Only cold steps: AUTO prefetches only those; ALWAYS prefetches
+    /// warm steps too, and those gather from memory after WILLNEED.
+    fn read_cold_rows(
+        &self,
+        w: &mut WorkerScratch,
+        staging: &mut [u8],
+        rec: &mut StepRecord,
+    ) -> Result<bool> {
+        let rb = self.table.row_bytes();
+        if matches!(self.cold, ColdReader::None) {
+            return Ok(false);
+        }
+        let cold = w.ids.len() <= URING_ROWS_MAX
+            && (self.opts.prefetch_policy != PrefetchPolicy::Always
+                || !prefetch::sample_resident(
+                    self.table.bytes(),
+                    &w.ids,
+                    rb,
+                    prefetch::sample_size(w.ids.len()),
+                ));
+        match &self.cold {
+            ColdReader::Direct(d) if cold => {
+                // the rows' sectors read into the slot, all in flight; their pages are advised
+                // when the worker is next idle (`advise_pending`)
+                let r = lock(d).read_rows(&w.ids, staging)?;
+                stats::thread_read_bytes_delta(); // (the reads' bytes, counted here)
+                rec.storage_reads = r.reads;
+                rec.io.read_bytes += r.bytes;
+                if w.advice.len() < MAX_PENDING_ADVICE {
+                    w.advice.extend_from_slice(&w.pages.ranges);
+                }
+                Ok(true)
+            }
+            ColdReader::Buffered(u) if cold => {
+                // the rows read through the page cache straight into the slot, all in flight
+                // at once: no fault, and cached rows cost no storage read
+                lock(u).read_rows(&w.ids, rb, staging)?;
+                rec.pages_prefetched = w.pages.len() as u64;
+                rec.io.read_bytes += stats::thread_read_bytes_delta();
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     /// DIRECT mode's read of the step's rows (`w.ids`, hashed at `t1`) into its slot.
