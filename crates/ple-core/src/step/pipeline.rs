@@ -275,23 +275,15 @@ impl Pipeline {
 
     /// The I/O mode the handle runs with and its backend.
     pub fn io_info(&self) -> IoInfo {
-        match &self.sh.direct {
-            Some(d) => IoInfo {
-                mode: IoMode::Direct,
-                backend: Some(lock(d).backend()),
-                cache_bytes: self.cache_bytes(),
-            },
-            None => IoInfo {
-                mode: IoMode::Mmap,
-                backend: None,
-                cache_bytes: self.cache_bytes(),
-            },
+        let (mode, backend) = match &self.sh.direct {
+            Some(d) => (IoMode::Direct, Some(lock(d).backend())),
+            None => (IoMode::Mmap, None),
+        };
+        IoInfo {
+            mode,
+            backend,
+            cache_bytes: self.sh.cache_budget,
         }
-    }
-
-    /// The row cache's `cache_bytes` (0: none).
-    fn cache_bytes(&self) -> u64 {
-        self.sh.cache_budget
     }
 
     /// The handle's GPU side, if it was opened with `cuda_device >= 0`.

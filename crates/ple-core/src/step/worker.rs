@@ -111,28 +111,37 @@ impl Shared {
     }
 
     /// MMAP: whether the step prefetches (AUTO: at least `prefetch_min_rows` rows, unless a
-    /// residency sample finds their pages cached; never through the row cache).
-    pub(super) fn wants_prefetch(&self, w: &WorkerScratch) -> bool {
+    /// residency sample finds their pages cached; never through the row cache), and whether its
+    /// rows are cold (what decides if a [`ColdReader`] may read them past the page cache).
+    pub(super) fn prefetch_decision(&self, w: &WorkerScratch) -> Prefetch {
         let rb = self.table.row_bytes();
+        let resident = |k: usize| prefetch::sample_resident(self.table.bytes(), &w.ids, rb, k);
         match self.opts.prefetch_policy {
-            _ if self.cache.is_some() => false,
-            PrefetchPolicy::Always => true,
-            PrefetchPolicy::Never => false,
-            _ => {
-                w.ids.len() >= self.opts.prefetch_min_rows as usize
-                    && !prefetch::sample_resident(
-                        self.table.bytes(),
-                        &w.ids,
-                        rb,
-                        // warm streak: one probe (about 1 µs); after a step that read storage, the
-                        // full sample, so a partly cached step is caught
-                        if w.storage_recently {
-                            prefetch::sample_size(w.ids.len())
-                        } else {
-                            1
-                        },
-                    )
+            _ if self.cache.is_some() => Prefetch::No,
+            PrefetchPolicy::Never => Prefetch::No,
+            // every step; only one a cold reader would read needs the sample
+            PrefetchPolicy::Always => {
+                let readable =
+                    !matches!(self.cold, ColdReader::None) && w.ids.len() <= URING_ROWS_MAX;
+                if readable && resident(prefetch::sample_size(w.ids.len())) {
+                    Prefetch::Cached
+                } else {
+                    Prefetch::Cold
+                }
             }
+            // warm streak: one probe (about 1 µs); after a step that read storage, the full
+            // sample, so a partly cached step is caught
+            PrefetchPolicy::Auto
+                if w.ids.len() >= self.opts.prefetch_min_rows as usize
+                    && !resident(if w.storage_recently {
+                        prefetch::sample_size(w.ids.len())
+                    } else {
+                        1
+                    }) =>
+            {
+                Prefetch::Cold
+            }
+            PrefetchPolicy::Auto => Prefetch::No,
         }
     }
 
@@ -151,7 +160,8 @@ impl Shared {
         // included, unless a residency sample finds their pages cached) and, when prefetching,
         // the step's sorted page ranges. Steps that do not prefetch count their distinct pages
         // after they are published (off the critical path).
-        let prefetch = self.wants_prefetch(w);
+        let decision = self.prefetch_decision(w);
+        let prefetch = decision != Prefetch::No;
         if prefetch {
             w.pages_builder.build(&w.ids, rb, &mut w.pages);
             rec.unique_pages = w.pages.len() as u64;
@@ -186,7 +196,7 @@ impl Shared {
         } else if prefetch {
             rec.prefetched = true;
             rec.storage_reads = w.pages.ranges.len() as u64;
-            if self.read_cold_rows(w, staging, &mut rec)? {
+            if decision == Prefetch::Cold && self.read_cold_rows(w, staging, &mut rec)? {
                 rec.gather_ns = stats::ns(t2.elapsed());
             } else if w.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 {
                 let r = gather::gather_overlapped(
@@ -241,8 +251,7 @@ impl Shared {
 
     /// MMAP: reads a cold prefetching step's rows past the mapping into `staging` when the
     /// handle has a [`ColdReader`] and the step is small enough; false when the step is left to
-    /// WILLNEED and the gather. Only cold steps: AUTO prefetches only those; ALWAYS prefetches
-    /// warm steps too, and those gather from memory after WILLNEED.
+    /// WILLNEED and the gather.
     fn read_cold_rows(
         &self,
         w: &mut WorkerScratch,
@@ -250,17 +259,7 @@ impl Shared {
         rec: &mut StepRecord,
     ) -> Result<bool> {
         let rb = self.table.row_bytes();
-        if matches!(self.cold, ColdReader::None) {
-            return Ok(false);
-        }
-        let cold = w.ids.len() <= URING_ROWS_MAX
-            && (self.opts.prefetch_policy != PrefetchPolicy::Always
-                || !prefetch::sample_resident(
-                    self.table.bytes(),
-                    &w.ids,
-                    rb,
-                    prefetch::sample_size(w.ids.len()),
-                ));
+        let cold = w.ids.len() <= URING_ROWS_MAX;
         match &self.cold {
             ColdReader::Direct(d) if cold => {
                 // the rows' sectors read into the slot, all in flight; their pages are advised
@@ -368,6 +367,16 @@ impl Shared {
             Ok(())
         }
     }
+}
+
+/// MMAP: a step's prefetch decision ([`Shared::prefetch_decision`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Prefetch {
+    No,
+    /// Prefetch, the pages sampled cached (ALWAYS): WILLNEED, then the gather from memory.
+    Cached,
+    /// Prefetch, the pages not cached (or not sampled).
+    Cold,
 }
 
 /// MMAP: the most rows a prefetching step reads through io_uring (when the handle has its
