@@ -207,16 +207,9 @@ struct State {
     evictions: u64,
 }
 
-fn alloc<T: Copy>(n: usize, v: T, what: &str) -> Result<Box<[T]>> {
-    let mut b = Vec::new();
-    b.try_reserve_exact(n)
-        .map_err(|_| Error::OutOfMemory(format!("row cache {what}: {n} entries")))?;
-    b.resize(n, v);
-    Ok(b.into_boxed_slice())
-}
-
-/// `n` atomics, entry `i` made by `new(i)`.
-fn alloc_atomic<T>(n: usize, new: impl Fn(usize) -> T, what: &str) -> Result<Box<[T]>> {
+/// `n` entries, entry `i` made by `new(i)`, allocated at once (an allocation failure is an error,
+/// not an abort).
+fn alloc<T>(n: usize, new: impl Fn(usize) -> T, what: &str) -> Result<Box<[T]>> {
     let mut b = Vec::new();
     b.try_reserve_exact(n)
         .map_err(|_| Error::OutOfMemory(format!("row cache {what}: {n} entries")))?;
@@ -422,7 +415,7 @@ impl Shard {
                 small_cap: ((cap as f64 * SMALL_FRACTION).round() as usize).max(1),
                 ghost: alloc(
                     ((cap as f64 * (1.0 - SMALL_FRACTION)) as usize).max(1),
-                    0u32,
+                    |_| 0u32,
                     "ghost",
                 )?,
             },
@@ -434,8 +427,8 @@ impl Shard {
         };
         Ok(Shard {
             seq: AtomicU64::new(0),
-            index: alloc_atomic(index_len, |_| AtomicU32::new(NIL), "index")?,
-            slab: alloc_atomic(
+            index: alloc(index_len, |_| AtomicU32::new(NIL), "index")?,
+            slab: alloc(
                 cap * stride,
                 |i| AtomicU64::new(if i % stride == 0 { EMPTY } else { 0 }),
                 "slab",
@@ -444,7 +437,7 @@ impl Shard {
             cap,
             sieve: policy == Policy::Sieve,
             w: Mutex::new(State {
-                next: alloc(cap, NIL, "links")?,
+                next: alloc(cap, |_| NIL, "links")?,
                 fresh: 0,
                 q,
                 inserts: 0,

@@ -259,9 +259,9 @@ impl Shared {
         rec: &mut StepRecord,
     ) -> Result<bool> {
         let rb = self.table.row_bytes();
-        let cold = w.ids.len() <= URING_ROWS_MAX;
+        let small = w.ids.len() <= URING_ROWS_MAX;
         match &self.cold {
-            ColdReader::Direct(d) if cold => {
+            ColdReader::Direct(d) if small => {
                 // the rows' sectors read into the slot, all in flight; their pages are advised
                 // when the worker is next idle (`advise_pending`)
                 let r = lock(d).read_rows(&w.ids, staging)?;
@@ -273,7 +273,7 @@ impl Shared {
                 }
                 Ok(true)
             }
-            ColdReader::Buffered(u) if cold => {
+            ColdReader::Buffered(u) if small => {
                 // the rows read through the page cache straight into the slot, all in flight
                 // at once: no fault, and cached rows cost no storage read
                 lock(u).read_rows(&w.ids, rb, staging)?;
