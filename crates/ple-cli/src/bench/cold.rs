@@ -114,11 +114,24 @@ fn seed_method(
         }
         Ok(lat)
     });
-    let lat = lat?;
+    baseline_run(shape, SEED, ids, lat?, io, (io0, cpu0, res))
+}
+
+/// The `Run` of a baseline timed on this thread (no pipeline): `lat` per step of `ids`, `io` its
+/// faults and reads, and `(io0, cpu0, res)` the process read bytes and CPU time before it and the
+/// pages resident before it.
+fn baseline_run(
+    shape: &str,
+    mode: &'static str,
+    ids: &[Vec<u64>],
+    lat: Vec<u64>,
+    io: stats::IoDelta,
+    (io0, cpu0, res): (u64, u64, u64),
+) -> Result<Run> {
     let tokens = (ids.iter().map(|v| v.len()).sum::<usize>() / 16) as u64;
     Ok(Run {
         shape: shape.into(),
-        mode: SEED,
+        mode,
         steps: ids.len(),
         tokens,
         rows: tokens * 16,
@@ -325,24 +338,5 @@ fn readahead_run(ctx: &Ctx, normal: &[u8], name: &str, ids: &[Vec<u64>], res: u6
     let (r, mut io) = stats::measure(true, || time_gathers(normal, ctx.rb, ids, ctx.p.pool()));
     let (lat, pool_io) = r?;
     io.add(pool_io);
-    let tokens = (ids.iter().map(|v| v.len()).sum::<usize>() / 16) as u64;
-    Ok(Run {
-        shape: name.into(),
-        mode: NORMAL,
-        steps: ids.len(),
-        tokens,
-        rows: tokens * 16,
-        lat_ns: lat,
-        unique_pages: 0,
-        pages_prefetched: 0,
-        major: io.major_faults,
-        minor: io.minor_faults,
-        read_bytes: io.read_bytes,
-        proc_read_bytes: stats::process_read_bytes().unwrap_or(0).saturating_sub(io0),
-        resident_before: res,
-        storage_reads: 0,
-        cpu_ns: super::caller_and_engine_cpu_ns().saturating_sub(cpu0),
-        prefetch_ns: 0,
-        gather_ns: 0,
-    })
+    baseline_run(name, NORMAL, ids, lat, io, (io0, cpu0, res))
 }

@@ -77,18 +77,22 @@ pub struct OpenOptions {
     /// DIRECT: issue reads on the `pread` pool even where io_uring works (tests; the environment
     /// variable `PLE_IO_FORCE_PREAD` does the same for any handle).
     pub force_pread: bool,
-    /// MMAP: how a prefetching step of at most 4,096 rows (decode steps) reads its rows (bigger
-    /// steps always advise WILLNEED while the pool gathers).
+    /// MMAP: how a cold prefetching step of at most [`COLD_READ_MAX_ROWS`] rows (decode steps)
+    /// reads its rows (bigger steps always advise WILLNEED while the pool gathers).
     pub cold_reads: ColdReads,
 }
 
-/// MMAP: how a prefetching step of at most 4,096 rows reads its rows; each falls back to the
-/// next where the kernel refuses it (O_DIRECT, then io_uring).
+/// MMAP: the most rows of a step that [`ColdReads::Direct`] or [`ColdReads::Buffered`] reads
+/// (256 decode requests of one token); bigger steps advise WILLNEED while the pool gathers.
+pub const COLD_READ_MAX_ROWS: usize = 4096;
+
+/// MMAP: how a cold prefetching step of at most [`COLD_READ_MAX_ROWS`] rows reads its rows; each
+/// falls back to the next where the kernel refuses it (O_DIRECT, then io_uring).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ColdReads {
     /// The default: the rows' sectors read `O_DIRECT` through io_uring into the slot (as DIRECT
-    /// mode reads them), then, once the step is published, WILLNEED for their pages, so the page
-    /// cache warms as it would have.
+    /// mode reads them), then, when the worker is next idle (or before a later step once enough
+    /// wait), WILLNEED for their pages, so the page cache warms as it would have.
     #[default]
     Direct,
     /// Buffered io_uring reads of the rows through the page cache into the slot.

@@ -100,7 +100,7 @@ pub(super) struct Shared {
     pub(super) cache_budget: u64,
     /// DIRECT mode's reader (None: MMAP mode). Used by the worker only; the lock is uncontended.
     pub(super) direct: Option<Mutex<DirectReader>>,
-    /// MMAP mode: how prefetching steps of at most `URING_ROWS_MAX` rows read their rows. Used by
+    /// MMAP mode: how prefetching steps of at most `COLD_READ_MAX_ROWS` rows read their rows. Used by
     /// the worker only.
     pub(super) cold: ColdReader,
     #[cfg(test)]

@@ -9,7 +9,7 @@ use crate::io::direct::DirectReader;
 use crate::io::gather;
 use crate::io::prefetch::{self, PageSet, PageSetBuilder};
 use crate::stats::{self, StepRecord};
-use crate::step::options::PrefetchPolicy;
+use crate::step::options::{COLD_READ_MAX_ROWS, PrefetchPolicy};
 use rayon::prelude::*;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -122,7 +122,7 @@ impl Shared {
             // every step; only one a cold reader would read needs the sample
             PrefetchPolicy::Always => {
                 let readable =
-                    !matches!(self.cold, ColdReader::None) && w.ids.len() <= URING_ROWS_MAX;
+                    !matches!(self.cold, ColdReader::None) && w.ids.len() <= COLD_READ_MAX_ROWS;
                 if readable && resident(prefetch::sample_size(w.ids.len())) {
                     Prefetch::Cached
                 } else {
@@ -259,7 +259,7 @@ impl Shared {
         rec: &mut StepRecord,
     ) -> Result<bool> {
         let rb = self.table.row_bytes();
-        let small = w.ids.len() <= URING_ROWS_MAX;
+        let small = w.ids.len() <= COLD_READ_MAX_ROWS;
         match &self.cold {
             ColdReader::Direct(d) if small => {
                 // the rows' sectors read into the slot, all in flight; their pages are advised
@@ -378,10 +378,6 @@ pub(super) enum Prefetch {
     /// Prefetch, the pages not cached (or not sampled).
     Cold,
 }
-
-/// MMAP: the most rows a prefetching step reads through io_uring (when the handle has its
-/// reader); bigger steps advise WILLNEED while the pool gathers.
-pub(super) const URING_ROWS_MAX: usize = 4096;
 
 /// Buffers the worker keeps between steps.
 #[derive(Default)]
