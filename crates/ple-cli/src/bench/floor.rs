@@ -98,9 +98,8 @@ impl Floor {
     }
 }
 
-/// Random reads of `bs` at depth `qd` through a ring set up as `setup` (`fixed_buf`: the buffer
-/// registered) → (IOPS, mean µs per read in flight, CPU µs per read). None where the set-up
-/// fails here.
+/// Random reads of `bs` at depth `qd` through a ring set up as `setup` → (IOPS, mean µs per
+/// read in flight, CPU µs per read). None where the set-up fails here.
 fn uring_iops(
     path: &Path,
     size: u64,
@@ -108,7 +107,6 @@ fn uring_iops(
     qd: usize,
     reads: usize,
     setup: RingSetup,
-    fixed_buf: bool,
 ) -> Option<(f64, f64, f64)> {
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -117,9 +115,6 @@ fn uring_iops(
         .ok()?;
     let mut ring = Ring::new(f.as_raw_fd(), qd, setup).ok()?;
     let mut buf = AlignedBuf::with_capacity(qd * bs as usize).ok()?;
-    if fixed_buf {
-        ring.register_buffer(&mut buf).ok()?;
-    }
     let blocks = size / bs as u64;
     let mut x = 0x5EED_u64 + bs as u64 + qd as u64;
     // each read in flight has its own slot of the buffer: read i uses slot i % qd
@@ -199,7 +194,7 @@ pub(crate) fn measure(path: &Path, size: u64, scale: f64) -> Floor {
             let reads = if qd == 1 { n(1500) } else { n(40_000) };
             // the faster of two runs, one before and one after fio's: the shared device's
             // speed drifts within seconds, and a floor is what the device can do
-            let probe = || uring_iops(path, size, bs, qd, reads, RingSetup::default(), false);
+            let probe = || uring_iops(path, size, bs, qd, reads, RingSetup::READS);
             let a = probe();
             let fio = if has_fio { fio(path, bs, qd) } else { None };
             let r = match (a, probe()) {
@@ -207,7 +202,7 @@ pub(crate) fn measure(path: &Path, size: u64, scale: f64) -> Floor {
                 (a, b) => a.or(b),
             };
             fl.probes.push(Probe {
-                name: "io_uring".into(),
+                name: "io_uring (DIRECT's set-up)".into(),
                 bs,
                 qd,
                 iops: r.map(|x| x.0),
@@ -218,22 +213,41 @@ pub(crate) fn measure(path: &Path, size: u64, scale: f64) -> Floor {
         }
     }
     let setups = [
+        ("io_uring, plain", RingSetup::default()),
         (
             "io_uring, registered file",
             RingSetup {
                 fixed_file: true,
                 ..Default::default()
             },
-            false,
         ),
-        ("io_uring, registered buffer", RingSetup::default(), true),
+        (
+            "io_uring, registered buffer",
+            RingSetup {
+                fixed_buf: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "io_uring, COOP_TASKRUN",
+            RingSetup {
+                coop_taskrun: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "io_uring, DEFER_TASKRUN",
+            RingSetup {
+                defer_taskrun: true,
+                ..Default::default()
+            },
+        ),
         (
             "io_uring, SQPOLL",
             RingSetup {
                 sqpoll: true,
                 ..Default::default()
             },
-            false,
         ),
         (
             "io_uring, IOPOLL",
@@ -241,11 +255,10 @@ pub(crate) fn measure(path: &Path, size: u64, scale: f64) -> Floor {
                 iopoll: true,
                 ..Default::default()
             },
-            false,
         ),
     ];
-    for (name, setup, fixed) in setups {
-        let r = uring_iops(path, size, 512, 64, n(40_000), setup, fixed);
+    for (name, setup) in setups {
+        let r = uring_iops(path, size, 512, 64, n(40_000), setup);
         fl.setups.push(Probe {
             name: name.into(),
             bs: 512,

@@ -11,7 +11,13 @@ pub const BUF_ALIGN: usize = 4096;
 pub struct AlignedBuf {
     ptr: *mut u8,
     cap: usize,
+    /// Which allocation this is: unique in the process for each one made (0: none). An address
+    /// can be reused by a later allocation; this cannot.
+    id: u64,
 }
+
+/// The last allocation id handed out.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 // SAFETY: the buffer is uniquely owned heap memory (no interior sharing); `&AlignedBuf` only
 // gives out shared slices.
@@ -24,6 +30,7 @@ impl Default for AlignedBuf {
         AlignedBuf {
             ptr: std::ptr::null_mut(),
             cap: 0,
+            id: 0,
         }
     }
 }
@@ -53,7 +60,13 @@ impl AlignedBuf {
         self.free();
         self.ptr = ptr;
         self.cap = cap;
+        self.id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         Ok(())
+    }
+
+    /// The allocation's id (see the field): equal ids mean the same live memory.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Bytes available.
@@ -93,6 +106,7 @@ impl AlignedBuf {
             unsafe { std::alloc::dealloc(self.ptr, layout) };
             self.cap = 0;
             self.ptr = std::ptr::null_mut();
+            self.id = 0;
         }
     }
 
@@ -100,6 +114,7 @@ impl AlignedBuf {
     pub fn leak(mut self) {
         self.cap = 0;
         self.ptr = std::ptr::null_mut();
+        self.id = 0;
     }
 }
 

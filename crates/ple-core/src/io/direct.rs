@@ -12,7 +12,7 @@
 
 use crate::error::{Error, Result};
 use crate::io::buf::AlignedBuf;
-use crate::io::uring::{ReadReq, Ring, RingSetup};
+use crate::io::uring::{ReadReq, Ring};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -149,7 +149,7 @@ impl DirectReader {
         let uring = if forced && pool != Pool::Never {
             None
         } else {
-            match Ring::new(file.as_raw_fd(), DEPTH, RingSetup::default()) {
+            match Ring::for_reads(file.as_raw_fd(), DEPTH) {
                 Ok(r) => Some(r),
                 Err(e) => {
                     log::info!("io_uring unavailable ({e}): DIRECT reads use a pread pool");
