@@ -3,7 +3,7 @@
 
 use super::Ctx;
 use super::memory::{evict, evict_rows};
-use super::steps::{Run, accumulate, run_steps, time_gathers};
+use super::steps::{Run, accumulate, delta, run_steps, time_gathers};
 use ple_core::error::{Error, Result};
 use ple_core::io::prefetch::PageSet;
 use ple_core::stats;
@@ -152,9 +152,16 @@ fn baseline_run(
 
 /// Issues the advice an MMAP handle's worker keeps for when it is idle (`run_on_worker` issues it
 /// first), then waits for those reads of `pages` pages: 1 ms + 10 µs a page, longer than they
-/// take at the device's depth (100k IOPS and more).
-fn settle(p: &Pipeline, pages: u64) -> Result<()> {
+/// take at the device's depth (100k IOPS and more). The advice's reads are the step's: they are
+/// added to `run`.
+fn settle(p: &Pipeline, run: &mut Run) -> Result<()> {
+    let c0 = p.counters();
     p.run_on_worker(|_, _| ())?;
+    let d = delta(&c0, &p.counters());
+    run.read_bytes += d.storage_read_bytes;
+    run.storage_reads += d.storage_reads;
+    run.pages_prefetched += d.pages_prefetched;
+    let pages = run.unique_pages;
     std::thread::sleep(std::time::Duration::from_micros(1000 + 10 * pages));
     Ok(())
 }
@@ -306,8 +313,8 @@ fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
                 c.fully_evicted &= res == 0;
                 let run = match k {
                     0 => {
-                        let run = run_steps(m.p, st, &mut seqs[0], name, MMAP, res)?;
-                        settle(m.p, run.unique_pages)?;
+                        let mut run = run_steps(m.p, st, &mut seqs[0], name, MMAP, res)?;
+                        settle(m.p, &mut run)?;
                         run
                     }
                     1 => seed_method(ctx, &m.seed, file.as_raw_fd(), name, ids, res)?,

@@ -104,6 +104,10 @@ fn print_warm_detail(w: &Warm) {
 pub(crate) fn print(ctx: &Ctx, w: &Warm, fl: &Floor, c: &Cold) -> Vec<Value> {
     println!();
     print_runs(w.runs.iter().chain(&c.runs));
+    println!(
+        "(reads and KiB of a cold MMAP decode step include the pages its worker advises after it, \
+         for the page cache: a sector per row for the step, then the row's page)"
+    );
     print_warm_detail(w);
     let mut ratios = Vec::new();
     let mut ratio = |name: &str, value: f64, target: &str, ok: bool| {
