@@ -353,7 +353,10 @@ fn c_api_ple_pack() {
             std::ptr::null_mut(),
         )
     };
-    assert_eq!(st, 0);
+    // SAFETY: ple_last_error_message returns a NUL-terminated string valid until the next
+    // libple call on this thread.
+    let msg = unsafe { std::ffi::CStr::from_ptr(ple::ple_last_error_message()) };
+    assert_eq!(st, 0, "{msg:?}");
     assert_rows(&open(&out).unwrap(), 4, RowFormat::Fp8);
     o.buffer_bytes = 1;
     // SAFETY: as the first call, without a callback.

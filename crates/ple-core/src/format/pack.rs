@@ -114,23 +114,36 @@ fn fsync_dir(dir: &File, path: &Path) -> Result<()> {
         .map_err(|e| Error::io_path("syncing directory", path, e))
 }
 
-/// Takes an exclusive, non-blocking lock on the directory (released when the file is dropped).
+/// Takes an exclusive lock on the directory (released when the file is dropped). A lock held
+/// by someone else for longer than [`LOCK_PATIENCE`] is another packer: an error. (Waiting that
+/// long covers a brief holder: a child the host forks while a pack runs shares the pack's lock
+/// until it execs.)
 fn lock_dir(out: &Path) -> Result<File> {
     let d = File::open(out).map_err(|e| Error::io_path("opening directory", out, e))?;
-    // SAFETY: flock takes a descriptor and flags and touches no memory; `d` is open for the
-    // whole call and the lock lives as long as the returned `File`.
-    if unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let t0 = std::time::Instant::now();
+    loop {
+        // SAFETY: flock takes a descriptor and flags and touches no memory; `d` is open for
+        // the whole call and the lock lives as long as the returned `File`.
+        if unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(d);
+        }
         let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::WouldBlock {
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(Error::io_path("locking directory", out, e));
+        }
+        if t0.elapsed() >= LOCK_PATIENCE {
             return Err(Error::State(format!(
-                "another packer is writing into {}",
-                out.display()
+                "another packer is writing into {} (its lock was held for {} ms)",
+                out.display(),
+                LOCK_PATIENCE.as_millis()
             )));
         }
-        return Err(Error::io_path("locking directory", out, e));
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    Ok(d)
 }
+
+/// How long [`lock_dir`] waits for a held lock.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Removes temporary files of earlier packs that were killed (we hold the directory lock, so
 /// no live packer owns them).
@@ -525,4 +538,54 @@ fn write_rows(
         )));
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A child forked while a pack holds the lock shares it until it execs or exits: the next
+    /// pack waits it out instead of failing.
+    #[test]
+    fn a_briefly_inherited_lock_is_waited_for() {
+        let d = tempfile::tempdir().unwrap();
+        let first = lock_dir(d.path()).unwrap();
+        // SAFETY: the child only sleeps and exits (async-signal-safe calls), as a forked
+        // child of a multi-threaded process must.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 150_000_000,
+            };
+            // SAFETY: nanosleep reads `ts` (alive) and may write nothing (null remainder).
+            unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+            // SAFETY: _exit ends the child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        drop(first); // the child still holds the lock's open file description
+        let t0 = Instant::now();
+        let second = lock_dir(d.path());
+        let waited = t0.elapsed();
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid place for its exit status.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(second.is_ok(), "{:?}", second.err());
+        assert!(waited >= Duration::from_millis(50), "{waited:?}");
+    }
+
+    /// A lock held past the patience is another packer's: a State error naming the directory.
+    #[test]
+    fn a_held_lock_fails_after_the_patience() {
+        let d = tempfile::tempdir().unwrap();
+        let _held = lock_dir(d.path()).unwrap();
+        let t0 = Instant::now();
+        match lock_dir(d.path()) {
+            Err(Error::State(m)) => assert!(m.contains("another packer"), "{m}"),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert!(t0.elapsed() >= LOCK_PATIENCE);
+    }
 }
