@@ -214,6 +214,13 @@ pub fn threads_cpu_ns(prefixes: &[&str]) -> u64 {
         .sum()
 }
 
+/// CPU time of the calling thread so far, (user, system) nanoseconds. The kernel splits the
+/// (exact) total between the two by its tick samples: trust the split over seconds, not a step.
+pub fn thread_user_sys_ns() -> (u64, u64) {
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    rusage(libc::RUSAGE_THREAD).map_or((0, 0), |r| (tv(r.ru_utime), tv(r.ru_stime)))
+}
+
 /// CPU time (user + system) of the calling thread so far, nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;

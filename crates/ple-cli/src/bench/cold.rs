@@ -38,6 +38,8 @@ pub(crate) struct Cold {
     /// DIRECT's backend, or why DIRECT could not run.
     pub(crate) direct: std::result::Result<String, String>,
     pub(crate) fully_evicted: bool,
+    /// DIRECT CPU per row, user (libple) and system (kernel) apart.
+    pub(crate) cpu_split: Option<super::cpu_split::CpuSplit>,
 }
 
 impl Default for Cold {
@@ -48,6 +50,7 @@ impl Default for Cold {
             sector_floor: Vec::new(),
             direct: Err("not run".into()),
             fully_evicted: true,
+            cpu_split: None,
         }
     }
 }
@@ -62,6 +65,7 @@ impl Cold {
             "direct": match &self.direct { Ok(b) => json!({"backend": b}),
                                           Err(e) => json!({"unavailable": e}) },
             "fully_evicted": self.fully_evicted,
+            "direct_cpu_split": self.cpu_split.map(|x| x.json()),
         })
     }
     pub(crate) fn find(&self, shape: &str, mode: &str) -> Option<&Run> {
@@ -251,6 +255,8 @@ pub(crate) fn run(ctx: &Ctx) -> Result<Cold> {
     let ids = &ctx.ids[i][..ctx.sc(3).min(n)];
     c.runs
         .push(readahead_run(ctx, &m.normal, "decode 8x1", ids, r)?);
+    drop(m);
+    c.cpu_split = super::cpu_split::measure(ctx, ctx.a.scale.clamp(0.2, 1.0))?;
     Ok(c)
 }
 

@@ -19,6 +19,7 @@
 //! then the gather, from a MADV_RANDOM mapping.
 
 mod cold;
+mod cpu_split;
 mod floor;
 mod memory;
 mod report;
