@@ -1,7 +1,11 @@
 //! The row cache's hit path against the copy it replaces: one decode step of 64 tokens (1,024
 //! rows of 90 bytes, all cached) looked up in a 64 MiB S3-FIFO cache, beside the same rows
 //! copied from a plain byte table in memory (MMAP's warm gather, without the page tables), on one
-//! thread; and the lookups eight times over on two threads at once (rows shared between them). `cargo bench --bench row_cache` (add `-- --quick` for a short run).
+//! thread; and the lookups eight times over on two threads at once (rows shared between them).
+//! Its miss path: a cold decode step of 128 rows, none cached, through a full 256 MiB cache (each
+//! insert evicts), by `read_through` (which prefetches the cache's memory a few rows ahead)
+//! beside the same lookups and inserts one row after another.
+//! `cargo bench --bench row_cache` (add `-- --quick` for a short run).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ple_core::io::cache::RowCache;
@@ -67,6 +71,59 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("copy from the table in memory", |b| {
         b.iter(|| gather_serial(black_box(&table), RB, &ids, &mut out).unwrap())
+    });
+    g.finish();
+    misses(c);
+}
+
+fn misses(c: &mut Criterion) {
+    const N: usize = 128;
+    let cache = RowCache::new(256 << 20, RB).unwrap();
+    let fill = |id: u64, o: &mut [u8]| o.fill(id as u8);
+    let mut row = vec![0u8; RB];
+    for i in 0..cache.capacity_rows() as u64 * 2 {
+        fill(i, &mut row);
+        cache.insert(splitmix64(i) % (1 << 40), &row);
+    }
+    // every step's rows are new: ids never seen (a fresh counter range each step)
+    let mut k = 1u64 << 41;
+    let mut step = || -> Vec<u64> {
+        (0..N)
+            .map(|_| {
+                k += 1;
+                splitmix64(k) % (1 << 40) + (1 << 40)
+            })
+            .collect()
+    };
+    let mut out = vec![0u8; N * RB];
+    let mut scratch = ple_core::io::cache::ReadThroughScratch::default();
+    let mut g = c.benchmark_group("cold decode step of 128 rows, none cached, cache full");
+    g.throughput(Throughput::Elements(N as u64));
+    g.bench_function("read_through (prefetching)", |b| {
+        b.iter(|| {
+            let ids = step();
+            let (_, hits) =
+                ple_core::io::cache::read_through(&cache, &ids, &mut out, &mut scratch, |m, o| {
+                    for (o, &id) in o.chunks_exact_mut(RB).zip(m) {
+                        fill(id, o);
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(hits, 0);
+        })
+    });
+    g.bench_function("lookup then insert, row by row", |b| {
+        b.iter(|| {
+            let ids = step();
+            for (o, &id) in out.chunks_exact_mut(RB).zip(&ids) {
+                assert!(!cache.lookup(black_box(id), o));
+            }
+            for (o, &id) in out.chunks_exact_mut(RB).zip(&ids) {
+                fill(id, o);
+                cache.insert(id, o);
+            }
+        })
     });
     g.finish();
 }

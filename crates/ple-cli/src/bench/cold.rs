@@ -38,8 +38,8 @@ pub(crate) struct Cold {
     /// DIRECT's backend, or why DIRECT could not run.
     pub(crate) direct: std::result::Result<String, String>,
     pub(crate) fully_evicted: bool,
-    /// DIRECT CPU per row, user (libple) and system (kernel) apart.
-    pub(crate) cpu_split: Option<super::cpu_split::CpuSplit>,
+    /// DIRECT CPU per row, user (libple) and system (kernel) apart, per handle.
+    pub(crate) cpu_split: Vec<super::cpu_split::CpuSplit>,
 }
 
 impl Default for Cold {
@@ -50,7 +50,7 @@ impl Default for Cold {
             sector_floor: Vec::new(),
             direct: Err("not run".into()),
             fully_evicted: true,
-            cpu_split: None,
+            cpu_split: Vec::new(),
         }
     }
 }
@@ -65,7 +65,7 @@ impl Cold {
             "direct": match &self.direct { Ok(b) => json!({"backend": b}),
                                           Err(e) => json!({"unavailable": e}) },
             "fully_evicted": self.fully_evicted,
-            "direct_cpu_split": self.cpu_split.map(|x| x.json()),
+            "direct_cpu_split": self.cpu_split.iter().map(|x| x.json()).collect::<Vec<_>>(),
         })
     }
     pub(crate) fn find(&self, shape: &str, mode: &str) -> Option<&Run> {

@@ -270,22 +270,26 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
         rows_read += r.rows;
     }
     let per_read = cpu as f64 / 1e3 / reads.max(1) as f64;
-    if let Some(x) = &c.cpu_split {
+    for x in &c.cpu_split {
         let (u, s) = x.per_row_us();
         let what = format!(
-            "{} cold 8x1 steps without a row cache, {:.1} s, {:.2} rows/read",
+            "{}; {} cold 8x1 steps, {:.1} s, {:.2} rows/read",
+            x.handle,
             x.steps,
             x.wall_s,
             x.rows as f64 / x.reads.max(1) as f64
         );
         ratio(
-            &format!("DIRECT CPU µs per row of libple's own code (worker, user; {what})"),
+            &format!("DIRECT CPU µs per row, libple's own code (worker, user; {what})"),
             u,
             "<= 1",
             u <= 1.0,
         );
         ratio(
-            "DIRECT CPU µs per row in the kernel (worker, system: the reads)",
+            &format!(
+                "DIRECT CPU µs per row, the kernel (worker, system; {})",
+                x.handle
+            ),
             s,
             "report",
             true,

@@ -4,11 +4,13 @@
 //! Everything is allocated once, in [`RowCache::new`]; inserting or evicting a row allocates
 //! nothing. Each cached row costs [`RowCache::bytes_per_row`] bytes: the row itself padded to
 //! whole 8-byte words, an 8-byte header in front of it (row id and policy bits: the id check and
-//! the copy touch the same cache lines), a 4-byte queue link, 4/3 × 4 bytes of index (an
-//! open-addressed table at load ≤ 0.75 whose entries carry an 8-bit hash tag, so a probe rarely
-//! reads a header), and for S3-FIFO 0.9 × 4 bytes of ghost fingerprints: 20.9 B per row besides
-//! the padded row with S3-FIFO, 17.3 B with SIEVE. A 90-byte NVFP4 row costs 116.9 B (256 MiB
-//! holds 2.3 million rows); 160- and 320-byte rows need no padding. Words, not bytes, because a
+//! the copy touch the same cache lines), a 4-byte queue link, 4/3 × 8 bytes of index (an
+//! open-addressed table at load ≤ 0.75 whose entries carry 40 bits of the row's hash beside the
+//! slot: a probe reads a header only for its own row, and removing an entry shifts its neighbours
+//! without reading theirs — header reads there were half of an eviction's time, each a miss to a
+//! random slot), and for S3-FIFO 0.9 × 4 bytes of ghost fingerprints: 26.3 B per row besides the
+//! padded row with S3-FIFO, 22.7 B with SIEVE. A 90-byte NVFP4 row costs 122.3 B (256 MiB holds
+//! 2.2 million rows); 160- and 320-byte rows need no padding. Words, not bytes, because a
 //! lookup reads them without a lock (below); packing rows back to back to save the padding
 //! measured 1.6–2.3× slower per hit (`cargo bench --bench row_cache`).
 //! The slot count is chosen so that the whole allocation is at most `cache_bytes`.
@@ -38,7 +40,7 @@
 
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU32, AtomicU64, fence};
+use std::sync::atomic::{AtomicU64, fence};
 use std::sync::{Mutex, MutexGuard};
 
 /// Eviction policy of a [`RowCache`].
@@ -60,7 +62,7 @@ impl Policy {
     /// link, index, ghost).
     fn overhead_per_row(self, row_bytes: usize) -> f64 {
         let pad = row_bytes.div_ceil(8) * 8 - row_bytes;
-        let base = (pad + HEADER) as f64 + 4.0 + 4.0 / MAX_LOAD;
+        let base = (pad + HEADER) as f64 + 4.0 + INDEX_ENTRY as f64 / MAX_LOAD;
         match self {
             Policy::S3Fifo => base + 4.0 * (1.0 - SMALL_FRACTION),
             Policy::Sieve => base,
@@ -91,13 +93,18 @@ const SMALL_FRACTION: f64 = 0.1;
 /// Most shards; a shard holds at least [`MIN_SHARD_ROWS`] rows unless the cache is smaller.
 const MAX_SHARDS: usize = 256;
 const MIN_SHARD_ROWS: usize = 64;
-/// No slot / no index entry.
+/// No slot.
 const NIL: u32 = u32::MAX;
+/// No index entry (no real entry is all ones: slots are below [`SLOT_MASK`]).
+const NO_ENTRY: u64 = u64::MAX;
+/// Bytes of an index entry: the row hash's low 32 bits (its home) and next 8 (a tag) beside
+/// the slot.
+const INDEX_ENTRY: usize = 8;
 /// Header of an empty slot.
 const EMPTY: u64 = u64::MAX;
 /// Row ids the cache can hold are below this (the header keeps 8 bits for the policy).
 pub const MAX_ROW_ID: u64 = 1 << 56;
-/// Bits of an index entry holding the slot (the top 8 are the tag).
+/// Bits of an index entry holding the slot (the 40 above them are hash bits).
 const SLOT_BITS: u32 = 24;
 const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
 /// Most slots of one shard.
@@ -185,14 +192,17 @@ impl Fifo {
 struct Shard {
     /// Even while no writer is inside; a writer makes it odd, then even again (+2 in all).
     seq: AtomicU64,
-    /// Open-addressed index: `tag << 24 | slot`, NIL if empty.
-    index: Box<[AtomicU32]>,
+    /// Open-addressed index: [`entry`]`(hash, slot)`, [`NO_ENTRY`] if empty.
+    index: Box<[AtomicU64]>,
     /// `cap` slots of `stride` words: the header (`id << 8 | policy bits`, EMPTY if never
     /// filled), then the row (little-endian within each word, the last word padded).
     slab: Box<[AtomicU64]>,
     stride: usize,
     cap: usize,
     sieve: bool,
+    /// Address and length of the S3-FIFO ghost array (held in `w`; its heap block never moves),
+    /// for prefetch hints only: never dereferenced through this.
+    ghost_hint: (usize, usize),
     w: Mutex<State>,
 }
 
@@ -205,6 +215,32 @@ struct State {
     q: Queues,
     inserts: u64,
     evictions: u64,
+}
+
+/// The index entry of a row of hash `h` in `slot`: `h`'s low 32 bits (its home, [`Shard::home`]),
+/// its next 8, the slot.
+#[inline]
+fn entry(h: u64, slot: u32) -> u64 {
+    (h as u32 as u64) << 32 | ((h >> 32) as u8 as u64) << SLOT_BITS | slot as u64
+}
+
+#[inline]
+fn entry_slot(e: u64) -> u32 {
+    e as u32 & SLOT_MASK
+}
+
+/// Asks the CPU to start loading the cache line at `addr` (any address: a prefetch never faults
+/// and changes nothing but the caches).
+#[inline(always)]
+fn prefetch_line(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 performs no architectural memory access: it cannot fault whatever the
+    // address, and SSE is part of the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
 }
 
 /// `n` entries, entry `i` made by `new(i)`, allocated at once (an allocation failure is an error,
@@ -293,7 +329,7 @@ impl RowCache {
         let mut n = std::mem::size_of::<RowCache>() + std::mem::size_of_val(&*self.shards);
         for p in self.shards.iter() {
             let s = &p.0;
-            n += 8 * s.slab.len() + 4 * s.index.len();
+            n += 8 * s.slab.len() + INDEX_ENTRY * s.index.len();
             let st = s.lock();
             n += 4 * st.next.len();
             if let Queues::S3Fifo { ghost, .. } = &st.q {
@@ -353,6 +389,27 @@ impl RowCache {
             s.touch(slot, id);
             true
         })
+    }
+
+    /// Starts loading what a [`lookup`](RowCache::lookup) of `id` reads first (its index entry)
+    /// and, with `insert`, what an [`insert`](RowCache::insert) of it writes (the shard's lock
+    /// and, for S3-FIFO, the row's ghost entry). Only a hint: a batch prefetching a few rows
+    /// ahead overlaps its rows' memory misses instead of taking them one after another.
+    #[inline]
+    pub fn prefetch(&self, id: u64, insert: bool) {
+        if id >= MAX_ROW_ID {
+            return;
+        }
+        let h = mix(id);
+        let s = self.shard(h);
+        prefetch_line(&s.index[s.home(h)] as *const AtomicU64 as usize);
+        if insert {
+            prefetch_line(&s.w as *const Mutex<State> as usize);
+            let (g, n) = s.ghost_hint;
+            if n > 0 {
+                prefetch_line(g + 4 * reduce(mix(h) as u32, n));
+            }
+        }
     }
 
     /// Adds a batch's hits and misses to the counters.
@@ -425,9 +482,14 @@ impl Shard {
                 hand_prev: NIL,
             },
         };
+        let ghost_hint = match &q {
+            Queues::S3Fifo { ghost, .. } => (ghost.as_ptr() as usize, ghost.len()),
+            Queues::Sieve { .. } => (0, 0),
+        };
         Ok(Shard {
+            ghost_hint,
             seq: AtomicU64::new(0),
-            index: alloc(index_len, |_| AtomicU32::new(NIL), "index")?,
+            index: alloc(index_len, |_| AtomicU64::new(NO_ENTRY), "index")?,
             slab: alloc(
                 cap * stride,
                 |i| AtomicU64::new(if i % stride == 0 { EMPTY } else { 0 }),
@@ -499,16 +561,16 @@ impl Shard {
     /// index either way).
     #[inline]
     fn find(&self, id: u64, h: u64) -> Option<(usize, u32)> {
-        let tag = (h >> 32) as u8 as u32;
+        let key = entry(h, 0);
         let n = self.index.len();
         let mut i = self.home(h);
         for _ in 0..n {
             let e = self.index[i].load(Relaxed);
-            if e == NIL {
+            if e == NO_ENTRY {
                 return None;
             }
-            if e >> SLOT_BITS == tag && self.header(e & SLOT_MASK) >> 8 == id {
-                return Some((i, e & SLOT_MASK));
+            if e & !(SLOT_MASK as u64) == key && self.header(entry_slot(e)) >> 8 == id {
+                return Some((i, entry_slot(e)));
             }
             i = if i + 1 == n { 0 } else { i + 1 };
         }
@@ -567,10 +629,10 @@ impl Shard {
         loop {
             j = if j + 1 == n { 0 } else { j + 1 };
             let e = self.index[j].load(Relaxed);
-            if e == NIL {
+            if e == NO_ENTRY {
                 break;
             }
-            let home = self.home(mix(self.header(e & SLOT_MASK) >> 8));
+            let home = reduce((e >> 32) as u32, n);
             // entry j may move to the hole at i unless its home lies cyclically in (i, j]
             let stays = if i <= j {
                 i < home && home <= j
@@ -582,17 +644,17 @@ impl Shard {
                 i = j;
             }
         }
-        self.index[i].store(NIL, Relaxed);
+        self.index[i].store(NO_ENTRY, Relaxed);
     }
 
     /// Inside a write section.
     fn index_insert(&self, h: u64, slot: u32) {
         let n = self.index.len();
         let mut i = self.home(h);
-        while self.index[i].load(Relaxed) != NIL {
+        while self.index[i].load(Relaxed) != NO_ENTRY {
             i = if i + 1 == n { 0 } else { i + 1 };
         }
-        self.index[i].store(((h >> 32) as u8 as u32) << SLOT_BITS | slot, Relaxed);
+        self.index[i].store(entry(h, slot), Relaxed);
     }
 
     /// Under the lock (`st` is its state).

@@ -5,6 +5,9 @@ use crate::error::Result;
 use crate::stats::{IoDelta, measure};
 use std::sync::Mutex;
 
+/// How many rows ahead a batch prefetches the cache's memory for ([`RowCache::prefetch`]).
+const PREFETCH_AHEAD: usize = 6;
+
 /// What [`gather_cached`] did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CachedGather {
@@ -38,7 +41,10 @@ pub fn gather_cached(
     let out = &mut out[..ids.len() * rb];
     let run = |ids: &[u64], out: &mut [u8]| {
         let mut hits = 0u64;
-        for (o, &r) in out.chunks_exact_mut(rb).zip(ids) {
+        for (i, (o, &r)) in out.chunks_exact_mut(rb).zip(ids).enumerate() {
+            if let Some(&next) = ids.get(i + PREFETCH_AHEAD) {
+                cache.prefetch(next, true);
+            }
             if cache.lookup(r, o) {
                 hits += 1;
             } else {
@@ -102,6 +108,9 @@ pub fn read_through<R>(
     s.miss_ids.clear();
     s.miss_pos.clear();
     for (i, (&r, o)) in ids.iter().zip(out.chunks_exact_mut(rb)).enumerate() {
+        if let Some(&next) = ids.get(i + PREFETCH_AHEAD) {
+            cache.prefetch(next, false);
+        }
         if !cache.lookup(r, o) {
             s.miss_ids.push(r);
             s.miss_pos.push(i);
@@ -114,12 +123,14 @@ pub fn read_through<R>(
     }
     s.miss_rows.resize(s.miss_ids.len() * rb, 0);
     let r = read_misses(&s.miss_ids, &mut s.miss_rows)?;
-    for ((&id, &i), row) in s
-        .miss_ids
-        .iter()
+    for (k, ((&id, &i), row)) in (s.miss_ids.iter())
         .zip(&s.miss_pos)
         .zip(s.miss_rows.chunks_exact(rb))
+        .enumerate()
     {
+        if let Some(&next) = s.miss_ids.get(k + PREFETCH_AHEAD) {
+            cache.prefetch(next, true);
+        }
         out[i * rb..(i + 1) * rb].copy_from_slice(row);
         cache.insert(id, row);
     }

@@ -304,7 +304,9 @@ fn check_consistent(c: &RowCache) {
     for p in c.shards.iter() {
         let sh = &p.0;
         let s = sh.lock();
-        let entries = sh.index.iter().filter(|e| e.load(Relaxed) != NIL).count();
+        let entries = (sh.index.iter())
+            .filter(|e| e.load(Relaxed) != NO_ENTRY)
+            .count();
         assert_eq!(entries, s.fresh, "index entries = filled slots");
         for slot in 0..s.fresh as u32 {
             let id = sh.header(slot) >> 8;
