@@ -47,11 +47,13 @@ impl CpuSplit {
 }
 
 /// `st` with fresh pseudo-random tokens and context (`k` picks them): its rows are, but for
-/// chance repeats, rows no step read before.
-fn fresh(st: &Step, k: u64, vocab: u32) -> Step {
+/// chance repeats, rows no step read before. Context tokens that are EOS stay (they stand for
+/// positions before the sequence, which must be EOS).
+fn fresh(st: &Step, k: u64, vocab: u32, eos: i32) -> Step {
     let mut s = st.clone();
     let mut x = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    for t in s.tokens.iter_mut().chain(s.context.iter_mut()) {
+    let ctx = s.context.iter_mut().filter(|t| **t != eos);
+    for t in s.tokens.iter_mut().chain(ctx) {
         x = ple_core::model::splitmix64(x);
         *t = (x % vocab as u64) as i32;
     }
@@ -80,13 +82,13 @@ fn run(
     cache: u64,
     seconds: f64,
 ) -> Result<CpuSplit> {
-    let vocab = ctx.meta.hash.vocab_size;
+    let (vocab, eos) = (ctx.meta.hash.vocab_size, ctx.meta.hash.eos_token_id);
     let decode = &ctx.steps[ctx.shape("decode 8x1")];
     let (mut seq, mut k) = (0u64, 0u64);
     let mut step = |st: &Step| -> Result<u64> {
         seq += 1;
         k += 1;
-        let st = fresh(st, k, vocab);
+        let st = fresh(st, k, vocab, eos);
         p.submit(&st.batch(), seq)?;
         p.wait(seq, 0)?;
         p.release_step(seq)?;

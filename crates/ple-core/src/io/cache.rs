@@ -40,7 +40,7 @@
 
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU64, fence};
+use std::sync::atomic::{AtomicU32, AtomicU64, fence};
 use std::sync::{Mutex, MutexGuard};
 
 /// Eviction policy of a [`RowCache`].
@@ -200,9 +200,13 @@ struct Shard {
     stride: usize,
     cap: usize,
     sieve: bool,
-    /// Address and length of the S3-FIFO ghost array (held in `w`; its heap block never moves),
-    /// for prefetch hints only: never dereferenced through this.
+    /// Address and length of the S3-FIFO ghost array and address of the links (held in `w`;
+    /// their heap blocks never move), for prefetch hints only: never dereferenced through these.
     ghost_hint: (usize, usize),
+    links_hint: usize,
+    /// The slot the next eviction examines first (NIL while the shard is not full), stored by
+    /// writers after each insert: a hint for prefetches, which may be stale.
+    victim_hint: AtomicU32,
     w: Mutex<State>,
 }
 
@@ -395,6 +399,9 @@ impl RowCache {
     /// and, with `insert`, what an [`insert`](RowCache::insert) of it writes (the shard's lock
     /// and, for S3-FIFO, the row's ghost entry). Only a hint: a batch prefetching a few rows
     /// ahead overlaps its rows' memory misses instead of taking them one after another.
+    /// For an insert into a full shard, also the header and link of the slot its eviction
+    /// examines first; [`RowCache::prefetch_victim`] a few rows later fetches what evicting that
+    /// row touches.
     #[inline]
     pub fn prefetch(&self, id: u64, insert: bool) {
         if id >= MAX_ROW_ID {
@@ -405,10 +412,33 @@ impl RowCache {
         prefetch_line(&s.index[s.home(h)] as *const AtomicU64 as usize);
         if insert {
             prefetch_line(&s.w as *const Mutex<State> as usize);
-            let (g, n) = s.ghost_hint;
-            if n > 0 {
-                prefetch_line(g + 4 * reduce(mix(h) as u32, n));
+            s.prefetch_ghost(h);
+            let v = s.victim_hint.load(Relaxed);
+            if v != NIL && (v as usize) < s.cap {
+                prefetch_line(s.hdr(v) as *const AtomicU64 as usize);
+                prefetch_line(s.links_hint + 4 * v as usize);
             }
+        }
+    }
+
+    /// Starts loading what evicting the row in the slot that `id`'s insert would evict touches:
+    /// that row's index entry and ghost entry (its header, prefetched by [`RowCache::prefetch`]
+    /// a few rows earlier, is read here). Only a hint.
+    #[inline]
+    pub fn prefetch_victim(&self, id: u64) {
+        if id >= MAX_ROW_ID {
+            return;
+        }
+        let s = self.shard(mix(id));
+        let v = s.victim_hint.load(Relaxed);
+        if v == NIL || v as usize >= s.cap {
+            return;
+        }
+        let old = s.header(v) >> 8;
+        if old < MAX_ROW_ID {
+            let h = mix(old);
+            prefetch_line(&s.index[s.home(h)] as *const AtomicU64 as usize);
+            s.prefetch_ghost(h);
         }
     }
 
@@ -486,8 +516,11 @@ impl Shard {
             Queues::S3Fifo { ghost, .. } => (ghost.as_ptr() as usize, ghost.len()),
             Queues::Sieve { .. } => (0, 0),
         };
+        let next = alloc(cap, |_| NIL, "links")?;
         Ok(Shard {
             ghost_hint,
+            links_hint: next.as_ptr() as usize,
+            victim_hint: AtomicU32::new(NIL),
             seq: AtomicU64::new(0),
             index: alloc(index_len, |_| AtomicU64::new(NO_ENTRY), "index")?,
             slab: alloc(
@@ -499,7 +532,7 @@ impl Shard {
             cap,
             sieve: policy == Policy::Sieve,
             w: Mutex::new(State {
-                next: alloc(cap, |_| NIL, "links")?,
+                next,
                 fresh: 0,
                 q,
                 inserts: 0,
@@ -549,6 +582,15 @@ impl Shard {
     fn set_bits(&self, slot: u32, b: u8) {
         let h = self.header(slot);
         self.hdr(slot).store((h & !0xFF) | b as u64, Relaxed);
+    }
+
+    /// Prefetches the ghost entry of a row of hash `h` (S3-FIFO).
+    #[inline]
+    fn prefetch_ghost(&self, h: u64) {
+        let (g, n) = self.ghost_hint;
+        if n > 0 {
+            prefetch_line(g + 4 * reduce(mix(h) as u32, n));
+        }
     }
 
     #[inline]
@@ -702,6 +744,10 @@ impl Shard {
             Queues::Sieve { fifo, .. } => push(next, fifo, slot),
         }
         st.inserts += 1;
+        if st.fresh == self.cap {
+            self.victim_hint
+                .store(evict::first_examined(&st.q), Relaxed);
+        }
     }
 }
 

@@ -15,6 +15,31 @@ pub(super) fn push(next: &mut [u32], f: &mut Fifo, slot: u32) {
     f.len += 1;
 }
 
+/// The slot the next eviction of a full shard examines first (NIL if none): a prefetch hint.
+pub(super) fn first_examined(q: &Queues) -> u32 {
+    match q {
+        Queues::S3Fifo {
+            small,
+            main,
+            small_cap,
+            ..
+        } => {
+            if small.len > 0 && (small.len >= *small_cap || main.len == 0) {
+                small.oldest
+            } else {
+                main.oldest
+            }
+        }
+        Queues::Sieve { fifo, hand, .. } => {
+            if *hand == NIL {
+                fifo.oldest
+            } else {
+                *hand
+            }
+        }
+    }
+}
+
 /// Unlinks `f`'s oldest slot (`f` is not empty).
 fn pop(next: &[u32], f: &mut Fifo) -> u32 {
     let s = f.oldest;

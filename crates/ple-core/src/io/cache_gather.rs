@@ -131,6 +131,9 @@ pub fn read_through<R>(
         if let Some(&next) = s.miss_ids.get(k + PREFETCH_AHEAD) {
             cache.prefetch(next, true);
         }
+        if let Some(&next) = s.miss_ids.get(k + PREFETCH_AHEAD / 2) {
+            cache.prefetch_victim(next);
+        }
         out[i * rb..(i + 1) * rb].copy_from_slice(row);
         cache.insert(id, row);
     }
