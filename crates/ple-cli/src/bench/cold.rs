@@ -1,10 +1,12 @@
 //! Cold steps (page cache evicted before each run), in both I/O modes on the same steps, beside
-//! the baselines: (a) prefetch off, (b) MADV_NORMAL readahead, (e) the seed deployment's method.
+//! the baselines: (a) prefetch off, (b) MADV_NORMAL readahead, (e) the seed deployment's method,
+//! (f) DIRECT's reader alone (no pipeline, no row cache).
 
 use super::Ctx;
 use super::memory::{evict, evict_rows};
 use super::steps::{Run, accumulate, delta, run_steps, time_gathers};
 use ple_core::error::{Error, Result};
+use ple_core::io::direct::{DirectReader, ReadReport};
 use ple_core::io::prefetch::PageSet;
 use ple_core::stats;
 use ple_core::step::{IoMode, Pipeline, PrefetchPolicy};
@@ -26,6 +28,7 @@ pub(crate) const DIRECT: &str = "cold DIRECT";
 pub(crate) const SEED: &str = "cold, seed method (e)";
 pub(crate) const OFF: &str = "cold MMAP, prefetch off (a)";
 pub(crate) const NORMAL: &str = "cold, MADV_NORMAL readahead (b)";
+pub(crate) const BARE: &str = "cold, DirectReader alone (f)";
 
 /// What the cold phase measured.
 pub(crate) struct Cold {
@@ -121,6 +124,31 @@ fn seed_method(
     baseline_run(shape, SEED, ids, lat?, io, (io0, cpu0, res))
 }
 
+/// (f): the rows of `ids` read by a `DirectReader` on this thread, without a pipeline or a row
+/// cache: DIRECT's reads alone (no hash, hand-off or cache).
+fn bare_reader(
+    reader: &std::cell::RefCell<DirectReader>,
+    rb: usize,
+    shape: &str,
+    ids: &[Vec<u64>],
+    res: u64,
+) -> Result<Run> {
+    let mut r = reader.borrow_mut();
+    let mut buf = vec![0u8; ids.iter().map(|v| v.len()).max().unwrap_or(0) * rb];
+    let io0 = stats::process_read_bytes().unwrap_or(0);
+    let cpu0 = super::caller_and_engine_cpu_ns();
+    let (mut lat, mut rep) = (Vec::with_capacity(ids.len()), ReadReport::default());
+    for v in ids {
+        let t = Instant::now();
+        let x = r.read_rows(v, &mut buf[..v.len() * rb])?;
+        lat.push(stats::ns(t.elapsed()));
+        (rep.reads, rep.bytes) = (rep.reads + x.reads, rep.bytes + x.bytes);
+    }
+    let mut run = baseline_run(shape, BARE, ids, lat, Default::default(), (io0, cpu0, res))?;
+    (run.storage_reads, run.read_bytes) = (rep.reads, rep.bytes);
+    Ok(run)
+}
+
 /// The `Run` of a baseline timed on this thread (no pipeline): `lat` per step of `ids`, `io` its
 /// faults and reads, and `(io0, cpu0, res)` the process read bytes and CPU time before it and the
 /// pages resident before it.
@@ -187,6 +215,8 @@ struct Modes<'a> {
     /// MMAP with WILLNEED advice and a faulting gather for decode steps too (no io_uring reads).
     willneed: Pipeline,
     direct: Option<Pipeline>,
+    /// The DIRECT reader alone (f), where DIRECT opens.
+    reader: Option<std::cell::RefCell<DirectReader>>,
     normal: memmap2::Mmap,
     seed: memmap2::Mmap,
     p: &'a Pipeline,
@@ -222,7 +252,10 @@ fn open_modes<'a>(ctx: &'a Ctx, c: &mut Cold) -> Result<Modes<'a>> {
             None
         }
     };
+    let t = ctx.p.table();
+    let reader = DirectReader::open(t.rows_path(), t.row_bytes(), false).ok();
     Ok(Modes {
+        reader: reader.map(std::cell::RefCell::new),
         never: with(&|o| o.prefetch_policy = PrefetchPolicy::Never)?,
         willneed: with(&|o| o.cold_reads = ple_core::step::ColdReads::Willneed)?,
         direct,
@@ -304,8 +337,8 @@ fn cold_chunks(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
 /// ([`settle`]): it must not run beside the next mode's step.
 fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
     let (maps, file) = (m.maps(), ctx.p.table().file());
-    const NM: usize = 4; // MMAP, seed, DIRECT, MMAP with WILLNEED + gather
-    let mut seqs = [ctx.seq.get(), 0, 2_000_000, 3_000_000];
+    const NM: usize = 5; // MMAP, seed, DIRECT, MMAP with WILLNEED + gather, DIRECT reader alone
+    let mut seqs = [ctx.seq.get(), 0, 2_000_000, 3_000_000, 0];
     for (name, n) in COLD_DECODE {
         let i = ctx.shape(name);
         let n = ctx.sc(n).min(ctx.steps[i].len() / NM);
@@ -332,7 +365,11 @@ fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
                         }
                         None => continue,
                     },
-                    _ => run_steps(&m.willneed, st, &mut seqs[3], name, MMAP_WILLNEED, res)?,
+                    3 => run_steps(&m.willneed, st, &mut seqs[3], name, MMAP_WILLNEED, res)?,
+                    _ => match &m.reader {
+                        Some(r) => bare_reader(r, ctx.rb, name, ids, res)?,
+                        None => continue,
+                    },
                 };
                 accumulate(&mut acc[k], run);
             }

@@ -1,7 +1,7 @@
 //! The bench's tables and its ratios against their targets.
 
 use super::Ctx;
-use super::cold::{COLD_DECODE, Cold, DIRECT, MMAP, MMAP_WILLNEED, OFF, SEED};
+use super::cold::{BARE, COLD_DECODE, Cold, DIRECT, MMAP, MMAP_WILLNEED, OFF, SEED};
 use super::floor::Floor;
 use super::steps::{Run, pct};
 use super::warm::Warm;
@@ -221,6 +221,22 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
             "<= 1.5",
             v <= 1.5,
         );
+        // what of it is the pipeline's (hash, hand-offs, row cache) and what the reads'
+        if let Some(b) = c.find("decode 8x1", BARE) {
+            let reads = b.storage_reads as f64 / b.steps.max(1) as f64;
+            ratio(
+                "cold decode 8x1 DirectReader alone (f) / (QD1 latency + its reads / IOPS)",
+                b.p50() / (qd1 + reads / iops * 1e3),
+                "report",
+                true,
+            );
+            ratio(
+                "cold decode 8x1 DIRECT / DirectReader alone (f) (p50, paired)",
+                d8.p50() / b.p50(),
+                "report",
+                true,
+            );
+        }
     }
     let chunks: Vec<&Run> = c
         .runs
