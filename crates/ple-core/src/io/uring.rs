@@ -25,11 +25,17 @@ pub struct RingSetup {
     /// `COOP_TASKRUN`: completions are not pushed to the task by an interrupt-like wake-up;
     /// they run when the task next enters the kernel.
     pub coop_taskrun: bool,
+    /// A batch's first [`EARLY_SUBMIT`] reads are submitted on their own, before the rest are
+    /// queued.
+    pub early_submit: bool,
     /// `SINGLE_ISSUER | DEFER_TASKRUN`: completions are processed only in `io_uring_enter`
     /// waits, in batches. Such a ring serves only the thread that created it: a batch from
     /// another thread first replaces the ring with one of its own.
     pub defer_taskrun: bool,
 }
+
+/// Reads a batch submits first, on their own ([`RingSetup::early_submit`]).
+pub const EARLY_SUBMIT: usize = 8;
 
 impl RingSetup {
     /// What DIRECT reads use: on the loop device of README "Performance" (512 B reads at QD 64,
@@ -41,6 +47,7 @@ impl RingSetup {
         fixed_buf: true,
         coop_taskrun: false,
         defer_taskrun: true,
+        early_submit: true,
     };
 }
 
@@ -200,6 +207,11 @@ impl Ring {
         let base = buf.as_mut_ptr();
         let fixed = self.fixed_buf.filter(|&id| id == buf.id());
         let (mut next, mut in_flight, mut done) = (0usize, 0usize, 0usize);
+        let early = if self.setup.early_submit {
+            EARLY_SUBMIT
+        } else {
+            0
+        };
         while done < reqs.len() {
             while next < reqs.len() && in_flight < self.depth {
                 let r = reqs[next];
@@ -228,6 +240,11 @@ impl Ring {
                 }
                 next += 1;
                 in_flight += 1;
+                if next == early && next < reqs.len() {
+                    // the first reads go out now: the device works on them while the rest are
+                    // prepared and submitted (one submission would hold them all back)
+                    self.enter(0, in_flight)?;
+                }
             }
             // Wake once per batch of completions, not per read: with reads left to submit,
             // when a quarter of the depth has completed (then refill); with none left, when all
@@ -237,20 +254,7 @@ impl Ring {
             } else {
                 in_flight
             };
-            match self.ring.submit_and_wait(want) {
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                    ) => {}
-                Err(e) => {
-                    if in_flight > 0 {
-                        self.poisoned = true;
-                    }
-                    return Err(e);
-                }
-            }
+            self.enter(want, in_flight)?;
             for c in self.ring.completion() {
                 res[c.user_data() as usize] = c.result();
                 in_flight -= 1;
@@ -258,6 +262,29 @@ impl Ring {
             }
         }
         Ok(())
+    }
+
+    /// Submits what is queued and waits for `want` completions. Interrupted or busy calls are
+    /// not errors (the caller's loop enters again); another failure with reads in flight
+    /// poisons the ring.
+    fn enter(&mut self, want: usize, in_flight: usize) -> std::io::Result<()> {
+        match self.ring.submit_and_wait(want) {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => {
+                if in_flight > 0 {
+                    self.poisoned = true;
+                }
+                Err(e)
+            }
+        }
     }
 }
 
