@@ -78,8 +78,9 @@ impl Cold {
     }
 }
 
-/// The sector floor of `steps`' rows: per step, every distinct row's 512 B blocks.
-fn sector_floor_bytes(steps: &[Vec<u64>], rb: u64) -> u64 {
+/// The sector floor of `steps`' rows: per step, every distinct row's blocks of `b` bytes (the
+/// file's direct-I/O block).
+fn sector_floor_bytes(steps: &[Vec<u64>], rb: u64, b: u64) -> u64 {
     let mut total = 0;
     for v in steps {
         let mut u = v.clone();
@@ -87,7 +88,7 @@ fn sector_floor_bytes(steps: &[Vec<u64>], rb: u64) -> u64 {
         u.dedup();
         total += u
             .iter()
-            .map(|&r| ((r * rb + rb - 1) / 512 - r * rb / 512 + 1) * 512)
+            .map(|&r| ((r * rb + rb - 1) / b - r * rb / b + 1) * b)
             .sum::<u64>();
     }
     total
@@ -311,7 +312,7 @@ fn cold_chunks(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
             let r = evict(&maps, file);
             c.runs
                 .push(run_steps(d, one, &mut seq_d, &chunk, DIRECT, r)?);
-            let f = sector_floor_bytes(&ctx.ids[0][k..k + 1], ctx.rb as u64);
+            let f = sector_floor_bytes(&ctx.ids[0][k..k + 1], ctx.rb as u64, ctx.block);
             c.sector_floor.push((chunk.clone(), f));
         }
     }
@@ -359,7 +360,7 @@ fn cold_decode(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
                     1 => seed_method(ctx, &m.seed, file.as_raw_fd(), name, ids, res)?,
                     2 => match &m.direct {
                         Some(d) => {
-                            let f = sector_floor_bytes(ids, ctx.rb as u64);
+                            let f = sector_floor_bytes(ids, ctx.rb as u64, ctx.block);
                             c.sector_floor.push((name.to_string(), f));
                             run_steps(d, st, &mut seqs[2], name, DIRECT, res)?
                         }

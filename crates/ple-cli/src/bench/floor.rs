@@ -44,6 +44,8 @@ pub(crate) struct Fio {
 pub(crate) struct Floor {
     pub(crate) probes: Vec<Probe>,
     pub(crate) setups: Vec<Probe>,
+    /// The smallest read probed: the row file's direct-I/O block (what a DIRECT row read is).
+    pub(crate) block: u32,
 }
 
 impl Floor {
@@ -181,15 +183,24 @@ fn fio(path: &Path, bs: u32, qd: usize) -> Option<Fio> {
     })
 }
 
-/// Measures the floors on `path` (`size` bytes); `scale` scales the number of reads.
-pub(crate) fn measure(path: &Path, size: u64, scale: f64) -> Floor {
+/// Measures the floors on `path` (`size` bytes) with reads of `block` (the file's direct-I/O
+/// block) and 4 KiB; `scale` scales the number of reads.
+pub(crate) fn measure(path: &Path, size: u64, scale: f64, block: u32) -> Floor {
     let has_fio = std::process::Command::new("fio")
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
     let n = |k: usize| ((k as f64 * scale) as usize).max(64);
-    let mut fl = Floor::default();
-    for bs in [512u32, 4096] {
+    let mut fl = Floor {
+        block,
+        ..Default::default()
+    };
+    let sizes: &[u32] = if block < 4096 {
+        &[block, 4096]
+    } else {
+        &[block]
+    };
+    for &bs in sizes {
         for qd in [1usize, 64, 128] {
             let reads = if qd == 1 { n(1500) } else { n(40_000) };
             // the faster of two runs, one before and one after fio's: the shared device's
@@ -258,10 +269,10 @@ pub(crate) fn measure(path: &Path, size: u64, scale: f64) -> Floor {
         ),
     ];
     for (name, setup) in setups {
-        let r = uring_iops(path, size, 512, 64, n(40_000), setup);
+        let r = uring_iops(path, size, block, 64, n(40_000), setup);
         fl.setups.push(Probe {
             name: name.into(),
-            bs: 512,
+            bs: block,
             qd: 64,
             iops: r.map(|x| x.0),
             lat_us: r.map(|x| x.1),

@@ -45,6 +45,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) meta: TableMeta,
     pub(crate) rb: usize,
     pub(crate) file_bytes: u64,
+    /// The row file's direct-I/O block (DIRECT reads whole blocks): 512 B on most drives, 4 KiB
+    /// on 4Kn drives; 512 where direct I/O does not work on the file.
+    pub(crate) block: u64,
     pub(crate) shapes: Vec<Shape>,
     pub(crate) steps: Vec<Vec<Step>>,
     pub(crate) ids: Vec<Vec<Vec<u64>>>,
@@ -147,9 +150,12 @@ fn setup(a: &BenchArgs) -> Result<Ctx<'_>> {
         100.0 * uniq[0]["distinct_rows"].as_f64().unwrap_or(0.0)
             / uniq[0]["rows"].as_f64().unwrap_or(1.0)
     );
+    let block = ple_core::io::direct::DirectReader::open(p.table().rows_path(), 1, false)
+        .map_or(512, |r| r.align());
     Ok(Ctx {
         a,
         opts,
+        block,
         file_bytes: p.table().bytes().len() as u64,
         rb: meta.row_bytes as usize,
         p,
@@ -181,7 +187,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     );
     stats::thread_read_bytes_delta();
     let warm = warm::run(&ctx)?;
-    let fl = floor::measure(ctx.p.table().rows_path(), ctx.file_bytes, a.scale);
+    let fl = floor::measure(
+        ctx.p.table().rows_path(),
+        ctx.file_bytes,
+        a.scale,
+        ctx.block as u32,
+    );
     fl.print();
     let cold = if a.warm_only {
         cold::Cold::default()

@@ -207,8 +207,9 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
         println!("  DIRECT not measured: {e}");
         return;
     }
-    let (Some(iops), Some(qd1)) = (fl.iops(512, 64), fl.qd1_ms(512)) else {
-        println!("  DIRECT ratios: no 512 B io_uring floor here");
+    let b = fl.block;
+    let (Some(iops), Some(qd1)) = (fl.iops(b, 64), fl.qd1_ms(b)) else {
+        println!("  DIRECT ratios: no {b} B io_uring floor here");
         return;
     };
     let chunk = &ctx.shapes[0].name;
@@ -216,7 +217,7 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
         let reads = d8.storage_reads as f64 / d8.steps.max(1) as f64;
         let v = d8.p50() / (qd1 + reads / iops * 1e3);
         ratio(
-            "cold decode 8x1 DIRECT / (QD1 latency + its reads / 512 B IOPS QD64)",
+            &format!("cold decode 8x1 DIRECT / (QD1 latency + its reads / {b} B IOPS QD64)"),
             v,
             "<= 1.5",
             v <= 1.5,
@@ -251,7 +252,7 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
                 .collect(),
         );
         ratio(
-            "cold prefill chunk DIRECT / (its reads / 512 B IOPS QD64)",
+            &format!("cold prefill chunk DIRECT / (its reads / {b} B IOPS QD64)"),
             v,
             "<= 1.15",
             v <= 1.15,
@@ -311,13 +312,13 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
             true,
         );
     }
-    let (probe, fio) = fl.cpu_us(512, 64);
+    let (probe, fio) = fl.cpu_us(b, 64);
     for (name, floor) in [("the floor probe's", probe), ("fio's", fio)] {
         if let Some(f) = floor {
             let v = per_read / f.max(1e-9);
             ratio(
                 &format!(
-                    "DIRECT CPU per read ({per_read:.2} µs, {:.2} rows/read) / {name} (512 B QD64, {f:.2} µs)",
+                    "DIRECT CPU per read ({per_read:.2} µs, {:.2} rows/read) / {name} ({b} B QD64, {f:.2} µs)",
                     rows_read as f64 / reads.max(1) as f64
                 ),
                 v,
