@@ -71,7 +71,8 @@ pub struct Ring {
     /// The allocation whose registration was refused (not retried while the caller keeps it).
     refused_buf: Option<u64>,
     /// The thread that created the ring (a `defer_taskrun` ring accepts only its batches).
-    owner: libc::pid_t,
+    /// A `ThreadId`, not a tid: ids are never reused, and reading one makes no system call.
+    owner: std::thread::ThreadId,
     poisoned: bool,
 }
 
@@ -87,7 +88,7 @@ impl Ring {
             setup,
             fixed_buf: None,
             refused_buf: None,
-            owner: gettid(),
+            owner: std::thread::current().id(),
             poisoned: false,
         })
     }
@@ -125,11 +126,6 @@ impl Ring {
         Ok(ring)
     }
 
-    /// The set-up this ring runs with.
-    pub fn setup(&self) -> RingSetup {
-        self.setup
-    }
-
     /// Registers `buf` (reads into it then skip the per-read page pinning), replacing any buffer
     /// registered before. The kernel keeps the pages of that allocation pinned until they are
     /// unregistered; `READ_FIXED` is used only for the allocation with the registered id, so a
@@ -156,9 +152,10 @@ impl Ring {
     /// another thread is replaced (no read is in flight between batches), and with `fixed_buf`
     /// the buffer is registered unless it already is or was refused.
     fn prepare(&mut self, buf: &mut AlignedBuf) -> std::io::Result<()> {
-        if self.setup.defer_taskrun && self.owner != gettid() {
+        let me = std::thread::current().id();
+        if self.setup.defer_taskrun && self.owner != me {
             self.ring = Ring::build(self.fd, self.depth, self.setup)?;
-            self.owner = gettid();
+            self.owner = me;
             self.fixed_buf = None;
         }
         let id = buf.id();
@@ -288,11 +285,6 @@ impl Ring {
     }
 }
 
-fn gettid() -> libc::pid_t {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    unsafe { libc::gettid() }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,12 +346,16 @@ mod tests {
         check(&mut ring, &mut buf, &blocks);
         let first = ring.fixed_buf;
         assert_eq!(first, Some(buf.id()), "the buffer is registered");
-        let main = gettid();
+        let main = std::thread::current().id();
         assert_eq!(ring.owner, main);
         let ring = std::thread::scope(|s| {
             s.spawn(|| {
                 check(&mut ring, &mut buf, &blocks[..100]);
-                assert_eq!(ring.owner, gettid(), "rebuilt for the new thread");
+                assert_eq!(
+                    ring.owner,
+                    std::thread::current().id(),
+                    "rebuilt for the new thread"
+                );
                 assert_ne!(ring.owner, main);
                 ring
             })
