@@ -262,7 +262,8 @@ pub fn prefetch(file: &std::fs::File, map: &[u8], ranges: &[PageRange]) -> Resul
 /// not touched), and the pages it reads stay cached for later steps as a fault would leave them.
 pub struct UringPrefetcher {
     file: std::fs::File,
-    ring: crate::io::uring::Ring,
+    /// Boxed, as in `DirectReader`: the ring's state is large and the prefetcher sits in an enum.
+    ring: Box<crate::io::uring::Ring>,
     scratch: crate::io::buf::AlignedBuf,
     reqs: Vec<crate::io::uring::ReadReq>,
     res: Vec<i32>,
@@ -273,12 +274,14 @@ impl UringPrefetcher {
     pub fn open(path: &std::path::Path) -> Option<UringPrefetcher> {
         let file = std::fs::File::open(path).ok()?;
         crate::sys::fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM).ok()?;
-        let ring = crate::io::uring::Ring::new(
-            file.as_raw_fd(),
-            crate::io::direct::DEPTH,
-            crate::io::uring::RingSetup::default(),
-        )
-        .ok()?;
+        let ring = Box::new(
+            crate::io::uring::Ring::new(
+                file.as_raw_fd(),
+                crate::io::direct::DEPTH,
+                crate::io::uring::RingSetup::default(),
+            )
+            .ok()?,
+        );
         let scratch = crate::io::buf::AlignedBuf::default();
         Some(UringPrefetcher {
             file,
