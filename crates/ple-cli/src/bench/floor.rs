@@ -223,50 +223,20 @@ pub(crate) fn measure(path: &Path, size: u64, scale: f64, block: u32) -> Floor {
             });
         }
     }
+    // each set-up DIRECT could use, one flag at a time beside the plain ring
+    let with = |f: fn(&mut RingSetup)| {
+        let mut s = RingSetup::default();
+        f(&mut s);
+        s
+    };
     let setups = [
         ("io_uring, plain", RingSetup::default()),
-        (
-            "io_uring, registered file",
-            RingSetup {
-                fixed_file: true,
-                ..Default::default()
-            },
-        ),
-        (
-            "io_uring, registered buffer",
-            RingSetup {
-                fixed_buf: true,
-                ..Default::default()
-            },
-        ),
-        (
-            "io_uring, COOP_TASKRUN",
-            RingSetup {
-                coop_taskrun: true,
-                ..Default::default()
-            },
-        ),
-        (
-            "io_uring, DEFER_TASKRUN",
-            RingSetup {
-                defer_taskrun: true,
-                ..Default::default()
-            },
-        ),
-        (
-            "io_uring, SQPOLL",
-            RingSetup {
-                sqpoll: true,
-                ..Default::default()
-            },
-        ),
-        (
-            "io_uring, IOPOLL",
-            RingSetup {
-                iopoll: true,
-                ..Default::default()
-            },
-        ),
+        ("io_uring, registered file", with(|s| s.fixed_file = true)),
+        ("io_uring, registered buffer", with(|s| s.fixed_buf = true)),
+        ("io_uring, COOP_TASKRUN", with(|s| s.coop_taskrun = true)),
+        ("io_uring, DEFER_TASKRUN", with(|s| s.defer_taskrun = true)),
+        ("io_uring, SQPOLL", with(|s| s.sqpoll = true)),
+        ("io_uring, IOPOLL", with(|s| s.iopoll = true)),
     ];
     for (name, setup) in setups {
         let r = uring_iops(path, size, block, 64, n(40_000), setup);
