@@ -24,7 +24,7 @@ pub(super) fn first_examined(q: &Queues) -> u32 {
             small_cap,
             ..
         } => {
-            if small.len > 0 && (small.len >= *small_cap || main.len == 0) {
+            if from_small(small, main, *small_cap) {
                 small.oldest
             } else {
                 main.oldest
@@ -38,6 +38,11 @@ pub(super) fn first_examined(q: &Queues) -> u32 {
             }
         }
     }
+}
+
+/// Whether S3-FIFO's next candidate comes from the small FIFO (else from the main one).
+fn from_small(small: &Fifo, main: &Fifo, small_cap: usize) -> bool {
+    small.len > 0 && (small.len >= small_cap || main.len == 0)
 }
 
 /// Unlinks `f`'s oldest slot (`f` is not empty).
@@ -80,7 +85,7 @@ impl Shard {
         ghost: &mut [u32],
     ) -> u32 {
         loop {
-            if small.len > 0 && (small.len >= small_cap || main.len == 0) {
+            if from_small(small, main, small_cap) {
                 let t = pop(next, small);
                 if self.bits(t) > 0 && self.cap > 1 {
                     // hit while in the small FIFO: promote
