@@ -184,9 +184,9 @@ fn baseline_run(
 }
 
 /// Issues the advice an MMAP handle's worker keeps for when it is idle (`run_on_worker` issues it
-/// first), then waits for those reads of `pages` pages: 1 ms + 10 µs a page, longer than they
-/// take at the device's depth (100k IOPS and more). The advice's reads are the step's: they are
-/// added to `run`.
+/// first), then waits for those reads of the step's `run.unique_pages` pages: 1 ms + 10 µs a
+/// page, longer than they take at the device's depth (100k IOPS and more). The advice's reads
+/// are the step's: they are added to `run`.
 fn settle(p: &Pipeline, run: &mut Run) -> Result<()> {
     let c0 = p.counters();
     p.run_on_worker(|_, _| ())?;

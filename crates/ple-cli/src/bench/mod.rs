@@ -150,7 +150,9 @@ fn setup(a: &BenchArgs) -> Result<Ctx<'_>> {
         100.0 * uniq[0]["distinct_rows"].as_f64().unwrap_or(0.0)
             / uniq[0]["rows"].as_f64().unwrap_or(1.0)
     );
-    let block = ple_core::io::direct::DirectReader::open(p.table().rows_path(), 1, false)
+    // (io_uring only: no pread pool is started to learn a number; without io_uring the floor's
+    // probes do not run either)
+    let block = ple_core::io::direct::DirectReader::open_uring_only(p.table().rows_path(), 1)
         .map_or(512, |r| r.align());
     Ok(Ctx {
         a,

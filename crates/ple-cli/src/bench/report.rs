@@ -213,9 +213,10 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
         return;
     };
     let chunk = &ctx.shapes[0].name;
+    // a decode step's floor: the read latency, then its reads at the device's QD64 rate (ms)
+    let decode_floor = |r: &Run| qd1 + r.storage_reads as f64 / r.steps.max(1) as f64 / iops * 1e3;
     if let Some(d8) = c.find("decode 8x1", DIRECT) {
-        let reads = d8.storage_reads as f64 / d8.steps.max(1) as f64;
-        let v = d8.p50() / (qd1 + reads / iops * 1e3);
+        let v = d8.p50() / decode_floor(d8);
         ratio(
             &format!("cold decode 8x1 DIRECT / (QD1 latency + its reads / {b} B IOPS QD64)"),
             v,
@@ -223,17 +224,16 @@ fn direct_ratios(ctx: &Ctx, fl: &Floor, c: &Cold, ratio: &mut impl FnMut(&str, f
             v <= 1.5,
         );
         // what of it is the pipeline's (hash, hand-offs, row cache) and what the reads'
-        if let Some(b) = c.find("decode 8x1", BARE) {
-            let reads = b.storage_reads as f64 / b.steps.max(1) as f64;
+        if let Some(alone) = c.find("decode 8x1", BARE) {
             ratio(
                 "cold decode 8x1 DirectReader alone (f) / (QD1 latency + its reads / IOPS)",
-                b.p50() / (qd1 + reads / iops * 1e3),
+                alone.p50() / decode_floor(alone),
                 "report",
                 true,
             );
             ratio(
                 "cold decode 8x1 DIRECT / DirectReader alone (f) (p50, paired)",
-                d8.p50() / b.p50(),
+                d8.p50() / alone.p50(),
                 "report",
                 true,
             );
