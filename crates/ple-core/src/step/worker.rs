@@ -121,9 +121,7 @@ impl Shared {
             PrefetchPolicy::Never => Prefetch::No,
             // every step; only one a cold reader would read needs the sample
             PrefetchPolicy::Always => {
-                let readable =
-                    !matches!(self.cold, ColdReader::None) && w.ids.len() <= COLD_READ_MAX_ROWS;
-                if readable && resident(prefetch::sample_size(w.ids.len())) {
+                if self.reads_cold(w.ids.len()) && resident(prefetch::sample_size(w.ids.len())) {
                     Prefetch::Cached
                 } else {
                     Prefetch::Cold
@@ -259,9 +257,11 @@ impl Shared {
         rec: &mut StepRecord,
     ) -> Result<bool> {
         let rb = self.table.row_bytes();
-        let small = w.ids.len() <= COLD_READ_MAX_ROWS;
+        if !self.reads_cold(w.ids.len()) {
+            return Ok(false);
+        }
         match &self.cold {
-            ColdReader::Direct(d) if small => {
+            ColdReader::Direct(d) => {
                 // the rows' sectors read into the slot, all in flight; their pages are advised
                 // when the worker is next idle (`advise_pending`)
                 let r = lock(d).read_rows(&w.ids, staging)?;
@@ -273,7 +273,7 @@ impl Shared {
                 }
                 Ok(true)
             }
-            ColdReader::Buffered(u) if small => {
+            ColdReader::Buffered(u) => {
                 // the rows read through the page cache straight into the slot, all in flight
                 // at once: no fault, and cached rows cost no storage read
                 lock(u).read_rows(&w.ids, rb, staging)?;
@@ -281,8 +281,15 @@ impl Shared {
                 rec.io.read_bytes += stats::thread_read_bytes_delta();
                 Ok(true)
             }
-            _ => Ok(false),
+            ColdReader::None => Ok(false),
         }
+    }
+
+    /// Whether a cold step of `rows` rows is read by the handle's [`ColdReader`] (it has one,
+    /// and the step is at most [`COLD_READ_MAX_ROWS`]) rather than left to WILLNEED and the
+    /// gather.
+    fn reads_cold(&self, rows: usize) -> bool {
+        !matches!(self.cold, ColdReader::None) && rows <= COLD_READ_MAX_ROWS
     }
 
     /// DIRECT mode's read of the step's rows (`w.ids`, hashed at `t1`) into its slot.
