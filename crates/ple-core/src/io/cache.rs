@@ -207,6 +207,9 @@ struct Shard {
     /// The slot the next eviction examines first (NIL while the shard is not full), stored by
     /// writers after each insert: a hint for prefetches, which may be stale.
     victim_hint: AtomicU32,
+    /// The slot inserted last (NIL before the first): the next insert links its slot after it
+    /// (S3-FIFO's small queue, SIEVE's FIFO), so its link is a prefetch hint too.
+    newest_hint: AtomicU32,
     w: Mutex<State>,
 }
 
@@ -231,20 +234,6 @@ fn entry(h: u64, slot: u32) -> u64 {
 #[inline]
 fn entry_slot(e: u64) -> u32 {
     e as u32 & SLOT_MASK
-}
-
-/// Asks the CPU to start loading the cache line at `addr` (any address: a prefetch never faults
-/// and changes nothing but the caches).
-#[inline(always)]
-fn prefetch_line(addr: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 performs no architectural memory access: it cannot fault whatever the
-    // address, and SSE is part of the x86_64 baseline.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
 }
 
 /// `n` entries, entry `i` made by `new(i)`, allocated at once (an allocation failure is an error,
@@ -395,53 +384,6 @@ impl RowCache {
         })
     }
 
-    /// Starts loading what a [`lookup`](RowCache::lookup) of `id` reads first (its index entry)
-    /// and, with `insert`, what an [`insert`](RowCache::insert) of it writes (the shard's lock
-    /// and, for S3-FIFO, the row's ghost entry). Only a hint: a batch prefetching a few rows
-    /// ahead overlaps its rows' memory misses instead of taking them one after another.
-    /// For an insert into a full shard, also the header and link of the slot its eviction
-    /// examines first; [`RowCache::prefetch_victim`] a few rows later fetches what evicting that
-    /// row touches.
-    #[inline]
-    pub fn prefetch(&self, id: u64, insert: bool) {
-        if id >= MAX_ROW_ID {
-            return;
-        }
-        let h = mix(id);
-        let s = self.shard(h);
-        prefetch_line(&s.index[s.home(h)] as *const AtomicU64 as usize);
-        if insert {
-            prefetch_line(&s.w as *const Mutex<State> as usize);
-            s.prefetch_ghost(h);
-            let v = s.victim_hint.load(Relaxed);
-            if v != NIL && (v as usize) < s.cap {
-                prefetch_line(s.hdr(v) as *const AtomicU64 as usize);
-                prefetch_line(s.links_hint + 4 * v as usize);
-            }
-        }
-    }
-
-    /// Starts loading what evicting the row in the slot that `id`'s insert would evict touches:
-    /// that row's index entry and ghost entry (its header, prefetched by [`RowCache::prefetch`]
-    /// a few rows earlier, is read here). Only a hint.
-    #[inline]
-    pub fn prefetch_victim(&self, id: u64) {
-        if id >= MAX_ROW_ID {
-            return;
-        }
-        let s = self.shard(mix(id));
-        let v = s.victim_hint.load(Relaxed);
-        if v == NIL || v as usize >= s.cap {
-            return;
-        }
-        let old = s.header(v) >> 8;
-        if old < MAX_ROW_ID {
-            let h = mix(old);
-            prefetch_line(&s.index[s.home(h)] as *const AtomicU64 as usize);
-            s.prefetch_ghost(h);
-        }
-    }
-
     /// Adds a batch's hits and misses to the counters.
     pub fn record(&self, hits: u64, misses: u64) {
         if hits > 0 {
@@ -521,6 +463,7 @@ impl Shard {
             ghost_hint,
             links_hint: next.as_ptr() as usize,
             victim_hint: AtomicU32::new(NIL),
+            newest_hint: AtomicU32::new(NIL),
             seq: AtomicU64::new(0),
             index: alloc(index_len, |_| AtomicU64::new(NO_ENTRY), "index")?,
             slab: alloc(
@@ -584,41 +527,6 @@ impl Shard {
         self.hdr(slot).store((h & !0xFF) | b as u64, Relaxed);
     }
 
-    /// Prefetches the ghost entry of a row of hash `h` (S3-FIFO).
-    #[inline]
-    fn prefetch_ghost(&self, h: u64) {
-        let (g, n) = self.ghost_hint;
-        if n > 0 {
-            prefetch_line(g + 4 * reduce(mix(h) as u32, n));
-        }
-    }
-
-    #[inline]
-    fn home(&self, h: u64) -> usize {
-        reduce(h as u32, self.index.len())
-    }
-
-    /// The index position and slot of `id` (hash `h`), if cached. Exact under the lock; without
-    /// it the answer is only good if `seq` did not change meanwhile (at most one pass over the
-    /// index either way).
-    #[inline]
-    fn find(&self, id: u64, h: u64) -> Option<(usize, u32)> {
-        let key = entry(h, 0);
-        let n = self.index.len();
-        let mut i = self.home(h);
-        for _ in 0..n {
-            let e = self.index[i].load(Relaxed);
-            if e == NO_ENTRY {
-                return None;
-            }
-            if e & !(SLOT_MASK as u64) == key && self.header(entry_slot(e)) >> 8 == id {
-                return Some((i, entry_slot(e)));
-            }
-            i = if i + 1 == n { 0 } else { i + 1 };
-        }
-        None
-    }
-
     /// Copies `slot`'s row into `dst` (`row_bytes` long), a word at a time.
     #[inline]
     fn copy_out(&self, slot: u32, dst: &mut [u8]) {
@@ -640,12 +548,15 @@ impl Shard {
     /// Writes `src` as `slot`'s row (under the lock, inside a write section).
     fn copy_in(&self, slot: u32, src: &[u8]) {
         let base = slot as usize * self.stride + 1;
-        for (w, c) in self.slab[base..base + self.stride - 1]
-            .iter()
-            .zip(src.chunks(8))
-        {
+        let words = &self.slab[base..base + self.stride - 1];
+        let mut chunks = src.chunks_exact(8);
+        for (w, c) in words.iter().zip(&mut chunks) {
+            w.store(u64::from_le_bytes(c.try_into().expect("8 bytes")), Relaxed);
+        }
+        let tail = chunks.remainder();
+        if let (false, Some(w)) = (tail.is_empty(), words.last()) {
             let mut b = [0u8; 8];
-            b[..c.len()].copy_from_slice(c);
+            b[..tail.len()].copy_from_slice(tail);
             w.store(u64::from_le_bytes(b), Relaxed);
         }
     }
@@ -661,42 +572,6 @@ impl Shard {
         if nb != b && h >> 8 == id {
             let _ = a.compare_exchange(h, (h & !0xFF) | nb as u64, Relaxed, Relaxed);
         }
-    }
-
-    /// Removes index entry `i` (backward-shift deletion: no tombstones, probe chains stay short).
-    /// Inside a write section.
-    fn index_remove(&self, mut i: usize) {
-        let n = self.index.len();
-        let mut j = i;
-        loop {
-            j = if j + 1 == n { 0 } else { j + 1 };
-            let e = self.index[j].load(Relaxed);
-            if e == NO_ENTRY {
-                break;
-            }
-            let home = reduce((e >> 32) as u32, n);
-            // entry j may move to the hole at i unless its home lies cyclically in (i, j]
-            let stays = if i <= j {
-                i < home && home <= j
-            } else {
-                i < home || home <= j
-            };
-            if !stays {
-                self.index[i].store(e, Relaxed);
-                i = j;
-            }
-        }
-        self.index[i].store(NO_ENTRY, Relaxed);
-    }
-
-    /// Inside a write section.
-    fn index_insert(&self, h: u64, slot: u32) {
-        let n = self.index.len();
-        let mut i = self.home(h);
-        while self.index[i].load(Relaxed) != NO_ENTRY {
-            i = if i + 1 == n { 0 } else { i + 1 };
-        }
-        self.index[i].store(entry(h, slot), Relaxed);
     }
 
     /// Under the lock (`st` is its state).
@@ -744,6 +619,7 @@ impl Shard {
             Queues::Sieve { fifo, .. } => push(next, fifo, slot),
         }
         st.inserts += 1;
+        self.newest_hint.store(slot, Relaxed);
         if st.fresh == self.cap {
             self.victim_hint
                 .store(evict::first_examined(&st.q), Relaxed);
@@ -754,6 +630,12 @@ impl Shard {
 #[path = "cache_evict.rs"]
 mod evict;
 use evict::push;
+
+#[path = "cache_index.rs"]
+mod index;
+
+#[path = "cache_prefetch.rs"]
+mod prefetch;
 
 #[path = "cache_gather.rs"]
 mod gather;
