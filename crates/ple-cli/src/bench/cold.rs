@@ -38,6 +38,9 @@ pub(crate) struct Cold {
     /// Per DIRECT run (shape, mode): the sector floor of its rows, bytes (each distinct row's
     /// 512 B blocks).
     pub(crate) sector_floor: Vec<(String, u64)>,
+    /// Per cold DIRECT prefill chunk: 512 B (direct-I/O block) IOPS at QD64 of as many random
+    /// reads as the chunk issued, the faster of one probe right before it and one right after.
+    pub(crate) chunk_floor_iops: Vec<Option<f64>>,
     /// DIRECT's backend, or why DIRECT could not run.
     pub(crate) direct: std::result::Result<String, String>,
     pub(crate) fully_evicted: bool,
@@ -51,6 +54,7 @@ impl Default for Cold {
             runs: Vec::new(),
             chunk_pages: Vec::new(),
             sector_floor: Vec::new(),
+            chunk_floor_iops: Vec::new(),
             direct: Err("not run".into()),
             fully_evicted: true,
             cpu_split: Vec::new(),
@@ -63,6 +67,7 @@ impl Cold {
         json!({
             "runs": self.runs.iter().map(|r| r.json()).collect::<Vec<_>>(),
             "chunk_unique_pages": self.chunk_pages,
+            "chunk_floor_iops_qd64": self.chunk_floor_iops,
             "direct_sector_floor_bytes": self.sector_floor.iter()
                 .map(|(s, b)| json!({"shape": s, "bytes": b})).collect::<Vec<_>>(),
             "direct": match &self.direct { Ok(b) => json!({"backend": b}),
@@ -310,8 +315,28 @@ fn cold_chunks(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
             .push(PageSet::from_rows(&ctx.ids[0][k], ctx.rb).len() as u64);
         if let Some(d) = &m.direct {
             let r = evict(&maps, file);
+            // the floor beside the chunk: as many random reads as it has distinct rows, right
+            // before and right after it
+            let mut rows = ctx.ids[0][k].clone();
+            rows.sort_unstable();
+            rows.dedup();
+            let reads = rows.len();
+            let probe = || {
+                super::floor::qd64_iops(
+                    ctx.p.table().rows_path(),
+                    ctx.file_bytes,
+                    ctx.block as u32,
+                    reads,
+                )
+            };
+            let before = probe();
             c.runs
                 .push(run_steps(d, one, &mut seq_d, &chunk, DIRECT, r)?);
+            let after = probe();
+            c.chunk_floor_iops.push(match (before, after) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            });
             let f = sector_floor_bytes(&ctx.ids[0][k..k + 1], ctx.rb as u64, ctx.block);
             c.sector_floor.push((chunk.clone(), f));
         }

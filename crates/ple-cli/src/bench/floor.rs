@@ -183,6 +183,12 @@ fn fio(path: &Path, bs: u32, qd: usize) -> Option<Fio> {
     })
 }
 
+/// IOPS of `reads` random reads of `bs` at QD64 through DIRECT's ring set-up: a floor taken
+/// beside one measured run (the device's speed drifts within seconds). None where it fails.
+pub(crate) fn qd64_iops(path: &Path, size: u64, bs: u32, reads: usize) -> Option<f64> {
+    uring_iops(path, size, bs, 64, reads.max(64), RingSetup::READS).map(|x| x.0)
+}
+
 /// Measures the floors on `path` (`size` bytes) with reads of `block` (the file's direct-I/O
 /// block) and 4 KiB; `scale` scales the number of reads.
 pub(crate) fn measure(path: &Path, size: u64, scale: f64, block: u32) -> Floor {
