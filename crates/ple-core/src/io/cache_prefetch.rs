@@ -37,7 +37,7 @@ impl RowCache {
         }
         let h = mix(id);
         let s = self.shard(h);
-        s.prefetch_probe(h);
+        s.prefetch_probe(h, insert);
         if insert {
             prefetch_line(&s.w as *const Mutex<State> as usize);
             s.prefetch_ghost(h);
@@ -73,7 +73,7 @@ impl RowCache {
         let old = s.header(v) >> 8;
         if old < MAX_ROW_ID {
             let h = mix(old);
-            s.prefetch_probe(h);
+            s.prefetch_probe(h, true);
             s.prefetch_ghost(h);
         }
     }
@@ -89,13 +89,16 @@ impl Shard {
         }
     }
 
-    /// Starts loading the index entries a probe for hash `h` reads: its home entry's line and
-    /// the next (a probe or a removal's shift runs ~8 entries on at the index's load).
+    /// Starts loading the index entries a probe for hash `h` reads: its home entry's line and,
+    /// with `and_next`, the next (a probe that misses, or a removal's shift, runs ~8 entries on
+    /// at the index's load; one that hits, ~2).
     #[inline]
-    pub(super) fn prefetch_probe(&self, h: u64) {
+    pub(super) fn prefetch_probe(&self, h: u64, and_next: bool) {
         let i = self.home(h);
         prefetch_line(&self.index[i] as *const AtomicU64 as usize);
-        let next = (i + 8).min(self.index.len() - 1);
-        prefetch_line(&self.index[next] as *const AtomicU64 as usize);
+        if and_next {
+            let next = (i + 8).min(self.index.len() - 1);
+            prefetch_line(&self.index[next] as *const AtomicU64 as usize);
+        }
     }
 }
