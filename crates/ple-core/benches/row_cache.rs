@@ -103,14 +103,20 @@ fn misses(c: &mut Criterion) {
     g.bench_function("read_through (prefetching)", |b| {
         b.iter(|| {
             let ids = step();
-            let (_, hits) =
-                ple_core::io::cache::read_through(&cache, &ids, &mut out, &mut scratch, |m, o| {
+            let (_, hits) = ple_core::io::cache::read_through(
+                &cache,
+                &ids,
+                &mut out,
+                &mut scratch,
+                None,
+                |m, o| {
                     for (o, &id) in o.chunks_exact_mut(RB).zip(m) {
                         fill(id, o);
                     }
                     Ok(())
-                })
-                .unwrap();
+                },
+            )
+            .unwrap();
             assert_eq!(hits, 0);
         })
     });

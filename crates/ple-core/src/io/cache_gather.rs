@@ -89,15 +89,31 @@ pub struct ReadThroughScratch {
     miss_rows: Vec<u8>,
 }
 
+/// Looks `ids` up in `cache`, copying each hit into its row of `out`; appends the positions (in
+/// `ids`, offset by `first`) of the misses to `miss_pos`.
+fn lookups(cache: &RowCache, ids: &[u64], out: &mut [u8], first: usize, miss_pos: &mut Vec<usize>) {
+    let rb = cache.row_bytes();
+    for (i, (&r, o)) in ids.iter().zip(out.chunks_exact_mut(rb)).enumerate() {
+        if let Some(&next) = ids.get(i + PREFETCH_AHEAD) {
+            cache.prefetch(next, false);
+        }
+        if !cache.lookup(r, o) {
+            miss_pos.push(first + i);
+        }
+    }
+}
+
 /// Fills `out` with rows `ids` (laid out as [`gather`](crate::io::gather::gather)) through
-/// `cache`: cached rows are copied from it; the others are read together by `read_misses` (ids,
-/// their output buffer), copied into place and inserted. Returns what `read_misses` returned (None
-/// when every row was cached) and the hit count; misses = `ids.len()` - hits.
+/// `cache`: cached rows are copied from it (on `pool`, in chunks, for a big set, as the plain
+/// gather does); the others are read together by `read_misses` (ids, their output buffer), copied
+/// into place and inserted. Returns what `read_misses` returned (None when every row was cached)
+/// and the hit count; misses = `ids.len()` - hits.
 pub fn read_through<R>(
     cache: &RowCache,
     ids: &[u64],
     out: &mut [u8],
     scratch: &mut ReadThroughScratch,
+    pool: Option<&rayon::ThreadPool>,
     read_misses: impl FnOnce(&[u64], &mut [u8]) -> Result<R>,
 ) -> Result<(Option<R>, u64)> {
     let rb = cache.row_bytes();
@@ -107,15 +123,23 @@ pub fn read_through<R>(
     let s = scratch;
     s.miss_ids.clear();
     s.miss_pos.clear();
-    for (i, (&r, o)) in ids.iter().zip(out.chunks_exact_mut(rb)).enumerate() {
-        if let Some(&next) = ids.get(i + PREFETCH_AHEAD) {
-            cache.prefetch(next, false);
+    let out = &mut out[..ids.len() * rb];
+    match pool {
+        Some(pool) if crate::io::gather::runs_on_pool(ids.len(), pool) => {
+            let chunk = (ids.len() / (pool.current_num_threads() * 4)).max(256);
+            // each chunk's misses in its own list, joined in chunk order
+            let mut parts: Vec<Vec<usize>> = vec![Vec::new(); ids.len().div_ceil(chunk)];
+            pool.in_place_scope(|sc| {
+                let chunks = out.chunks_mut(chunk * rb).zip(ids.chunks(chunk));
+                for (k, ((o, i), part)) in chunks.zip(parts.iter_mut()).enumerate() {
+                    sc.spawn(move |_| lookups(cache, i, o, k * chunk, part));
+                }
+            });
+            parts.iter().for_each(|p| s.miss_pos.extend_from_slice(p));
         }
-        if !cache.lookup(r, o) {
-            s.miss_ids.push(r);
-            s.miss_pos.push(i);
-        }
+        _ => lookups(cache, ids, out, 0, &mut s.miss_pos),
     }
+    s.miss_ids.extend(s.miss_pos.iter().map(|&i| ids[i]));
     let hits = (ids.len() - s.miss_ids.len()) as u64;
     cache.record(hits, s.miss_ids.len() as u64);
     if s.miss_ids.is_empty() {

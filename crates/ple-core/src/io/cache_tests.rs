@@ -298,6 +298,51 @@ fn gather_cached_equals_the_plain_gather_and_counts_every_row() {
     assert!(e.to_string().contains("outside"), "{e}");
 }
 
+#[test]
+fn read_through_on_a_pool_reads_the_same_misses_as_on_one_thread() {
+    // two caches fed the same steps, one looking up on a pool (big steps run in chunks), one on
+    // the calling thread: the same rows (the table's), the same misses in the same order
+    let rb = 90usize;
+    let rows = 5000u64;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for cap in [4usize, 700] {
+        let (a, b) = (
+            cache_of(cap, rb, Policy::S3Fifo),
+            cache_of(cap, rb, Policy::S3Fifo),
+        );
+        let (mut sa, mut sb) = (ReadThroughScratch::default(), ReadThroughScratch::default());
+        let mut r = 5u64;
+        for step in 0..30 {
+            let n = if step % 3 == 0 { 3000 } else { 64 };
+            let ids: Vec<u64> = (0..n).map(|_| skewed(&mut r, rows)).collect();
+            let run = |c: &RowCache, s: &mut ReadThroughScratch, pool| {
+                let mut out = vec![0u8; n * rb];
+                let (misses, hits) = read_through(c, &ids, &mut out, s, pool, |m, o| {
+                    for (o, &id) in o.chunks_exact_mut(rb).zip(m) {
+                        o.copy_from_slice(&row_of(id, rb));
+                    }
+                    Ok(m.to_vec())
+                })
+                .unwrap();
+                let misses = misses.unwrap_or_default();
+                assert_eq!(hits + misses.len() as u64, n as u64);
+                (out, misses)
+            };
+            let (oa, ma) = run(&a, &mut sa, Some(&pool));
+            let (ob, mb) = run(&b, &mut sb, None);
+            let want: Vec<u8> = ids.iter().flat_map(|&id| row_of(id, rb)).collect();
+            assert!(
+                oa == want && ob == want,
+                "cap {cap} step {step}: not the table's rows"
+            );
+            assert_eq!(ma, mb, "cap {cap} step {step}: the misses differ");
+        }
+    }
+}
+
 /// Every shard's structures agree: each filled slot is indexed once under its own id, the index
 /// holds nothing else, and the queues together link every filled slot exactly once.
 fn check_consistent(c: &RowCache) {

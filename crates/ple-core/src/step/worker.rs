@@ -305,10 +305,14 @@ impl Shared {
         let staging = unsafe { self.staging_mut(job.slot) };
         let r = if let Some(c) = &self.cache {
             // the row cache in front of the direct reads: only the rows it misses are read
-            let (r, hits) =
-                cache::read_through(c, &w.ids, staging, &mut w.read_through, |m, o| {
-                    lock(d).read_rows(m, o)
-                })?;
+            let (r, hits) = cache::read_through(
+                c,
+                &w.ids,
+                staging,
+                &mut w.read_through,
+                Some(self.pool()),
+                |m, o| lock(d).read_rows(m, o),
+            )?;
             rec.cache_hits = hits;
             rec.cache_misses = w.ids.len() as u64 - hits;
             r.unwrap_or_default()
