@@ -58,7 +58,7 @@ pub fn gather_cached(
     let mut g = CachedGather::default();
     match pool {
         Some(pool) if crate::io::gather::runs_on_pool(ids.len(), pool) => {
-            let chunk = (ids.len() / (pool.current_num_threads() * 4)).max(256);
+            let chunk = crate::io::gather::pool_chunk(ids.len(), pool);
             let acc = Mutex::new(CachedGather::default());
             pool.in_place_scope(|s| {
                 for (o, i) in out.chunks_mut(chunk * rb).zip(ids.chunks(chunk)) {
@@ -126,7 +126,7 @@ pub fn read_through<R>(
     let out = &mut out[..ids.len() * rb];
     match pool {
         Some(pool) if crate::io::gather::runs_on_pool(ids.len(), pool) => {
-            let chunk = (ids.len() / (pool.current_num_threads() * 4)).max(256);
+            let chunk = crate::io::gather::pool_chunk(ids.len(), pool);
             // each chunk's misses in its own list, joined in chunk order
             let mut parts: Vec<Vec<usize>> = vec![Vec::new(); ids.len().div_ceil(chunk)];
             pool.in_place_scope(|sc| {

@@ -58,6 +58,12 @@ pub fn runs_on_pool(rows: usize, pool: &rayon::ThreadPool) -> bool {
     rows >= PARALLEL_MIN_ROWS && pool.current_num_threads() > 1
 }
 
+/// Rows per task when `rows` rows are split over `pool` (four tasks a thread, at least 256 rows
+/// each): the chunking of every pooled gather.
+pub fn pool_chunk(rows: usize, pool: &rayon::ThreadPool) -> usize {
+    (rows / (pool.current_num_threads() * 4)).max(256)
+}
+
 /// [`gather`], running `side` on the calling thread meanwhile: while the pool gathers a big set,
 /// the calling thread (otherwise idle) does `side`; a small set is gathered first, then `side`
 /// runs. Returns the pool threads' faults and `side`'s result.
@@ -81,7 +87,7 @@ pub fn gather_with<T>(
     let out = &mut out[..ids.len() * row_bytes];
     match pool {
         Some(pool) if runs_on_pool(ids.len(), pool) => {
-            let chunk = (ids.len() / (pool.current_num_threads() * 4)).max(256);
+            let chunk = pool_chunk(ids.len(), pool);
             let io = Mutex::new(IoDelta::default());
             let err = Mutex::new(None);
             let r = pool.in_place_scope(|s| {
