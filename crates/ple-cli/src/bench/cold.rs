@@ -333,10 +333,8 @@ fn cold_chunks(ctx: &Ctx, m: &Modes, c: &mut Cold) -> Result<()> {
             c.runs
                 .push(run_steps(d, one, &mut seq_d, &chunk, DIRECT, r)?);
             let after = probe();
-            c.chunk_floor_iops.push(match (before, after) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            });
+            c.chunk_floor_iops
+                .push(before.into_iter().chain(after).reduce(f64::max));
             let f = sector_floor_bytes(&ctx.ids[0][k..k + 1], ctx.rb as u64, ctx.block);
             c.sector_floor.push((chunk.clone(), f));
         }
