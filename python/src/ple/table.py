@@ -121,6 +121,8 @@ class Table:
         check(lib.ple_open(os.fsencode(path), ctypes.byref(o), ctypes.byref(ptr)))
         self._h: Optional[_Handle] = _Handle(ptr.value)
         self._wait_timeout_us = int(o.wait_timeout_us)
+        self.max_tokens_per_step = int(o.max_tokens_per_step)  # the options the handle was opened with
+        self.max_in_flight = int(o.max_in_flight)
         self._last_seq = 0
         self.path = os.fspath(path)
         self.info = self._info()

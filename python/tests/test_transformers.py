@@ -1,0 +1,247 @@
+"""`ple.transformers` on a real Hugging Face model: a tiny random `Qwen4ExpForCausalLM` (2 layers,
+hidden 64, the real vocabulary and ple_embed_dim 2560, ngram_vocab_size_base 2000) whose n-gram
+weight is the rows of a generated NVFP4 checkpoint packed by libple, decoded with ml_dtypes. The
+expectation is always the model's own `Qwen4ExpTextNGramEmbedding` holding that weight in RAM.
+
+Needs torch and transformers (scripts/test.sh runs this file in scripts/torch-venv.sh's venv with
+PLE_EXPECT_TORCH=1: there a missing package fails; elsewhere the file is skipped)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+if os.environ.get("PLE_EXPECT_TORCH"):
+    import torch  # noqa: F401 - a missing torch fails here
+    import transformers  # noqa: F401
+else:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from transformers import DynamicCache, Qwen4ExpForCausalLM, Qwen4ExpTextConfig  # noqa: E402
+
+import ple  # noqa: E402
+import ple.transformers as pt  # noqa: E402
+
+ml = pytest.importorskip("ml_dtypes")
+
+EOS = 248044
+BASE, SHARDS = 2000, 4
+
+
+def config(**over) -> Qwen4ExpTextConfig:
+    kw = dict(
+        vocab_size=248320, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, hc_count=2, hc_lowrank=8, ple_layer_ids=[2], ple_embed_dim=2560,
+        ngram_vocab_size_base=BASE, split_ngram_parts=SHARDS, eos_token_id=EOS, pad_token_id=EOS,
+        layer_types=["indexed_attention", "linear_attention"], indexer_n_heads=2, indexer_kv_heads=1,
+        indexer_head_dim=32, indexer_budget=64, indexer_compress_ratio=4,
+    )  # fmt: skip
+    kw.update(over)
+    return Qwen4ExpTextConfig(**kw)
+
+
+def _ple_bin() -> str:
+    b = os.environ.get("PLE_BIN") or shutil.which("ple")
+    if not b or not os.access(b, os.X_OK):
+        pytest.fail("the tests make their checkpoints with the ple CLI: set PLE_BIN=<path to ple>")
+    return b
+
+
+@pytest.fixture(scope="session")
+def table_dir(tmp_path_factory) -> str:
+    """A generated NVFP4 checkpoint (the model's hash constants, base 2000) packed by libple."""
+    root = tmp_path_factory.mktemp("hf")
+    ck, tab = str(root / "ckpt"), str(root / "table")
+    args = ["synth-checkpoint", ck, "--base", str(BASE), "--shards", str(SHARDS), "--seed", "11"]
+    subprocess.run([_ple_bin(), *args], check=True, capture_output=True)
+    ple.pack(ck, tab)
+    return tab
+
+
+@pytest.fixture(scope="session")
+def weight(table_dir) -> torch.Tensor:
+    """The table's rows decoded with ml_dtypes: e2m1 codes (low nibble first) x e4m3 block scale
+    per 16 x the global scale, [rows, 160] float32."""
+    with ple.Table(table_dir) as t:
+        scale, rows = t.info["global_scale"], t.info["total_rows"]
+    raw = np.fromfile(os.path.join(table_dir, "table.rows"), np.uint8).reshape(rows, 90)
+    c = np.empty((rows, 160), np.uint8)
+    c[:, 0::2], c[:, 1::2] = raw[:, :80] & 0x0F, raw[:, :80] >> 4
+    v = c.view(ml.float4_e2m1fn).astype(np.float32)
+    s = np.ascontiguousarray(raw[:, 80:]).view(ml.float8_e4m3fn).astype(np.float32)
+    return torch.from_numpy(v * np.repeat(s, 16, axis=1) * np.float32(scale))
+
+
+def model_with(weight: torch.Tensor, cfg=None) -> Qwen4ExpForCausalLM:
+    """The tiny model, seeded, with `weight` as its n-gram weight and a random PLE conv (zero at
+    init, which would hide the PLE branch's context from the logits)."""
+    torch.manual_seed(0)
+    m = Qwen4ExpForCausalLM(cfg or config()).eval()
+    ple_layer = m.model.layers[1].ple
+    with torch.no_grad():
+        ple_layer.ple_embedding.ngram_embedding.weight.copy_(weight)
+        ple_layer.conv1d.weight.normal_()
+    return m
+
+
+# three left-padded prompts (pad = EOS, as generate() pads), EOS inside two of them
+PROMPTS = torch.tensor([
+    [EOS, EOS, EOS, 9707, 11, EOS, 13, 14, 15],
+    [EOS, EOS, 101, 102, 103, EOS, EOS, 106, 107],
+    [5, 6, 7, 8, 9, 10, EOS, 12, 13],
+])  # fmt: skip
+MASK = (torch.arange(PROMPTS.shape[1])[None] >= torch.tensor([[3], [2], [0]])).long()
+
+
+def greedy(model, new_tokens=12):
+    return model.generate(PROMPTS, attention_mask=MASK, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                          do_sample=False, output_logits=True, return_dict_in_generate=True)  # fmt: skip
+
+
+def assert_same_generation(a, b):
+    assert torch.equal(a.sequences, b.sequences)
+    assert len(a.logits) == len(b.logits) >= 12
+    for i, (x, y) in enumerate(zip(a.logits, b.logits)):
+        assert x.dtype == y.dtype and torch.equal(x, y), f"logits of generated token {i} differ"
+
+
+def ngram_tensors(model) -> list:
+    """Names of parameters and buffers that could hold the n-gram weight (its name or its shape)."""
+    emb = model.config.ple_embed_dim // 16
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return [n for n, t in named if "ngram_embedding" in n or (t.ndim == 2 and t.shape[-1] == emb and t.shape[0] > 1000)]
+
+
+@pytest.fixture(scope="module")
+def reference(weight):
+    return greedy(model_with(weight))
+
+
+@pytest.mark.parametrize("max_tokens_per_step", [8192, 7])
+def test_generate_gives_the_in_ram_models_logits_bit_for_bit(weight, table_dir, reference, max_tokens_per_step):
+    """f32 greedy generate of 12 tokens; 7 tokens per step splits the 27-token prompt step across
+    and inside rows (each piece takes its context from the tokens before it)."""
+    model = model_with(weight)
+    assert ngram_tensors(model)  # the in-RAM model does hold it
+    assert pt.offload(model, table_dir, max_tokens_per_step=max_tokens_per_step) is model
+    assert ngram_tensors(model) == []
+    mod = model.model.layers[1].ple.ple_embedding
+    assert isinstance(mod, pt.OffloadedNGramEmbedding)
+    out = greedy(model)
+    assert_same_generation(reference, out)
+    s = mod.table.stats()
+    assert s["prefill_tokens"] + s["decode_tokens"] == PROMPTS.numel() + 11 * 3  # the last token is never fed
+    # one step for the prompt, or ceil(27 / 7) = 4; then one per generated token but the last
+    assert s["prefill_steps"] + s["decode_steps"] == (1 if max_tokens_per_step > 27 else 4) + 11
+
+
+def test_the_ngram_branch_matters_to_the_logits(weight, reference):
+    """The comparison above could not miss a wrong row: other rows give other logits."""
+    out = greedy(model_with(weight.roll(1, dims=0)))
+    assert not torch.equal(reference.logits[0], out.logits[0])
+
+
+def test_calls_with_a_cache_give_the_modules_embedding(weight, table_dir):
+    """Module level, against the model's module in step: a first input shorter than the context
+    (EOS-padded in the cache), then chunks of any size, EOS anywhere; the cache's n-gram state
+    ends the same."""
+    cfg = config()
+    ref, off = model_with(weight, cfg), pt.offload(model_with(weight, cfg), table_dir, max_tokens_per_step=5)
+    a, b = ref.model.layers[1].ple.ple_embedding, off.model.layers[1].ple.ple_embedding
+    rng = np.random.default_rng(3)
+    toks = rng.integers(0, 400, size=(2, 40))
+    toks[rng.random(toks.shape) < 0.15] = EOS
+    toks = torch.from_numpy(toks)
+    ca, cb = DynamicCache(config=cfg), DynamicCache(config=cfg)
+    at = 0
+    for n in [1, 1, 3, 2, 9, 1, 7, 16]:
+        ea, eb = a(toks[:, at : at + n], ca), b(toks[:, at : at + n], cb)
+        assert eb.shape == (2, n, 2560) and eb.dtype == torch.float32
+        assert torch.equal(ea, eb), f"tokens {at}..{at + n}"
+        assert torch.equal(ca.get_conv_state(1, state_idx=2), cb.get_conv_state(1, state_idx=2))
+        at += n
+    assert torch.equal(a(toks, None), b(toks, None))  # no cache: the whole sequence from EOS context
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_models_get_the_modules_embedding_exactly(weight, table_dir, dtype):
+    ref = model_with(weight).to(dtype)
+    off = pt.offload(model_with(weight).to(dtype), table_dir)
+    a, b = ref.model.layers[1].ple.ple_embedding, off.model.layers[1].ple.ple_embedding
+    ea, eb = a(PROMPTS, None), b(PROMPTS, None)
+    assert eb.dtype == dtype and torch.equal(ea.view(torch.int16), eb.view(torch.int16))
+    assert_same_generation(greedy(ref), greedy(off))
+    # a model converted after offload follows: the output dtype is the model's
+    off.to(torch.float32)
+    assert b(PROMPTS, None).dtype == torch.float32
+
+
+def _wrapped(cfg, n=1) -> torch.nn.Module:
+    """`n` bare n-gram modules in a container (offload finds them by type, wherever they sit)."""
+    return torch.nn.ModuleDict({f"m{i}": pt.NGramEmbedding(cfg, cfg.ple_embed_dim, layer_idx=1) for i in range(n)})
+
+
+@pytest.mark.parametrize(
+    "over, field",
+    [
+        ({"seed": 99}, "layer_multipliers differ"),
+        ({"vocab_size": 151936}, "vocab_size differs: table 248320, model"),
+        ({"eos_token_id": 151643, "pad_token_id": 151643}, "eos_token_id differs: table 248044, model"),
+        ({"ngram_vocab_size_base": 3000}, r"ngram_heads_vocab_sizes differ: table \[2003, .*model .*\[3001, "),
+        ({"make_ngram_vocab_size_divisible_by": 512}, "total_rows differs: table 33024, model .* 33280"),
+    ],
+)
+def test_a_table_for_another_model_is_refused(table_dir, over, field):
+    m = _wrapped(config(**over))
+    with pytest.raises(ValueError, match=field):
+        pt.offload(m, table_dir)
+    assert isinstance(m["m0"], pt.NGramEmbedding)  # left unchanged
+
+
+def test_the_tables_hash_parameters_read_back(table_dir):
+    """The multipliers recovered from the table's ids are the model's, and so are the offsets."""
+    with ple.Table(table_dir) as t:
+        got = pt.table_hash_params(t)
+    ref = pt.NGramEmbedding(config(), 2560, layer_idx=1)
+    assert got["layer_multipliers"] == ref.layer_multipliers.tolist() == [23703573157769, 20109073645365, 8052911324071]
+    assert got["ngram_heads_offsets"] == ref.ngram_heads_offsets.tolist()
+    assert got["ngram_heads_vocab_sizes"] == ref.ngram_heads_vocab_sizes.tolist()
+
+
+def test_more_ple_layers_than_libple_serves_are_refused(table_dir):
+    with pytest.raises(ValueError, match="ple_layer_ids: the model has 2 PLE layers"):
+        pt.offload(_wrapped(config(), 2), table_dir)
+    with pytest.raises(ValueError, match="no Qwen4ExpTextNGramEmbedding"):
+        pt.offload(torch.nn.Linear(2, 2), table_dir)
+
+
+def test_from_pretrained_never_loads_the_weight_and_matches_transformers(weight, tmp_path):
+    """A saved bf16 checkpoint (transformers writes the n-gram weight as BF16 shards, which libple
+    packs); from_pretrained packs it, loads the rest, and generates what transformers' own load
+    generates. A table of another checkpoint is refused."""
+    ck = str(tmp_path / "ckpt")
+    model_with(weight).to(torch.bfloat16).save_pretrained(ck)
+    ref = Qwen4ExpForCausalLM.from_pretrained(ck)
+    tab = str(tmp_path / "table")
+    model = pt.from_pretrained(ck, tab, progress=False)
+    assert type(model) is Qwen4ExpForCausalLM and model.dtype == torch.bfloat16
+    assert ngram_tensors(model) == [] and os.path.exists(os.path.join(tab, "table.json"))
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    sd_ref, sd = ref.state_dict(), model.state_dict()
+    assert set(sd_ref) - set(sd) == {"model.layers.1.ple.ple_embedding.ngram_embedding.weight"}
+    assert all(torch.equal(sd_ref[k], v) for k, v in sd.items())
+    assert_same_generation(greedy(ref), greedy(model))
+    f32 = pt.from_pretrained(ck, tab, progress=False, dtype=torch.float32)  # the table is reused
+    assert f32.model.layers[1].ple.ple_embedding(PROMPTS, None).dtype == torch.float32
+    other = str(tmp_path / "other")
+    model_with(weight.roll(1, dims=0)).to(torch.bfloat16).save_pretrained(other)
+    with pytest.raises(ple.PleError, match="refusing to replace"):
+        pt.from_pretrained(other, tab, progress=False)
