@@ -4,6 +4,8 @@
 # PyPI), then: format and lint checks, Rust tests (incl. header drift and the Python oracles), the
 # CUDA kernels compiled for real, install into a temporary prefix, the C tests and examples built
 # through find_package(ple) and run under ctest: plain, with ASan + UBSan, and under valgrind.
+# Then the engine examples, and the Python wheel: its tests in a fresh venv without torch, then
+# beside torch and transformers (scripts/torch-venv.sh) for ple.transformers.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -113,6 +115,16 @@ python3 -m venv "$work/venv"
 env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv/bin/python" examples/python/vllm_style.py \
   "$work/examples/example-table" >/dev/null
 echo "examples/python/vllm_style.py ran on the CPU"
+
+step "Hugging Face transformers: the wheel beside torch + transformers (scripts/torch-venv.sh), ple.transformers tests, examples/python/hf_generate.py"
+# the venv is shared (target/torch-venv, or PLE_TORCH_VENV): the wheel goes to a private --target
+# directory on PYTHONPATH instead of into it; torch-venv.sh fails (and so this script) if pip does
+venv_py=$(scripts/torch-venv.sh)
+"$venv_py" -m pip install -q --disable-pip-version-check --no-deps --target "$work/hf-site" "$work"/wheels/ple-*.whl
+hf_env=(env -i PATH=/usr/bin:/bin HOME="$work" PYTHONPATH="$work/hf-site" HF_HUB_OFFLINE=1 PLE_BIN="$prefix/bin/ple")
+(cd "$work" && "${hf_env[@]}" PLE_EXPECT_TORCH=1 "$venv_py" -m pytest -q -rs -p no:cacheprovider \
+  "$root/python/tests/test_transformers.py" "$root/python/tests/test_transformers_import.py")
+"${hf_env[@]}" "$venv_py" examples/python/hf_generate.py --tiny "$work/hf-tiny" --check --max-new-tokens 12
 
 echo
 echo "all test stages passed"

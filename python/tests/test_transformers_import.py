@@ -3,6 +3,7 @@ an ImportError that names the missing package (checked in a subprocess that bloc
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -21,6 +22,8 @@ def _import_with_blocked(pkg: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("pkg, says", [("torch", "needs PyTorch (the 'torch' package)"),
                                        ("transformers", "the 'transformers' package")])  # fmt: skip
 def test_a_missing_package_is_named(pkg, says):
+    if pkg == "transformers" and importlib.util.find_spec("torch") is None:
+        pytest.skip("without torch, the missing torch is named first (the case above)")
     r = _import_with_blocked(pkg)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
