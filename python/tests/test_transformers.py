@@ -162,13 +162,20 @@ def test_calls_with_a_cache_give_the_modules_embedding(weight, table_dir):
     toks = torch.from_numpy(toks)
     ca, cb = DynamicCache(config=cfg), DynamicCache(config=cfg)
     at = 0
-    for n in [1, 1, 3, 2, 9, 1, 7, 16]:
+    for i, n in enumerate([1, 1, 3, 2, 9, 1, 7, 16]):
+        if i % 3 == 1:  # prefetched with the right tokens: those steps are used
+            b.prefetch(toks[:, at : at + n], cb)
+        if i % 3 == 2:  # prefetched with other tokens: released, looked up again
+            b.prefetch(toks[:, at : at + n].flip(0), cb)  # the rows swapped
         ea, eb = a(toks[:, at : at + n], ca), b(toks[:, at : at + n], cb)
         assert eb.shape == (2, n, 2560) and eb.dtype == torch.float32
         assert torch.equal(ea, eb), f"tokens {at}..{at + n}"
         assert torch.equal(ca.get_conv_state(1, state_idx=2), cb.get_conv_state(1, state_idx=2))
         at += n
     assert torch.equal(a(toks, None), b(toks, None))  # no cache: the whole sequence from EOS context
+    # steps submitted (seq numbers): <= 5 tokens each, 20 for the calls with a cache and 16 without;
+    # a hit adds none, a miss its own (2 + 1); inputs needing more than 2 steps are not prefetched
+    assert b.table._last_seq == 20 + 16 + 3
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

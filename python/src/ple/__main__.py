@@ -2,6 +2,7 @@
 
     python -m ple inspect TABLE_DIR [--json] [--config CONFIG_JSON] [--checkpoint DIR]
     python -m ple lookup TABLE_DIR --tokens 9707,11,... [--json]
+    python -m ple bench-hf WORK_DIR [...]    (Hugging Face transformers; needs torch: see ple._bench_hf)
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ def _lookup(a: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench-hf"]:
+        from ._bench_hf import main as bench_hf
+
+        return bench_hf(argv[1:])
     p = argparse.ArgumentParser(prog="python -m ple", description=f"libple {version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
     i = sub.add_parser("inspect", help="describe a packed table")
@@ -70,6 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     lk.add_argument("table_dir")
     lk.add_argument("--tokens", required=True, help="comma-separated token ids")
     lk.add_argument("--json", action="store_true")
+    sub.add_parser("bench-hf", help="a transformers model generating with libple (python -m ple bench-hf -h)")
     a = p.parse_args(argv)
     return _inspect(a) if a.cmd == "inspect" else _lookup(a)
 

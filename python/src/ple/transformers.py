@@ -66,45 +66,81 @@ class OffloadedNGramEmbedding(torch.nn.Module):
         self._cuda_device = cuda_device
         self._max_tokens = table.max_tokens_per_step
         self._in_flight = max(1, table.max_in_flight)
+        self._ahead: Optional[tuple] = None  # (history, steps) submitted by `prefetch`
+        self._prefetch_hook: Any = None
 
     def extra_repr(self) -> str:
         return f"table={self.table.path!r}, layer_idx={self.layer_idx}, ple_embed_dim={self.ple_embed_dim}"
 
-    def forward(self, input_ids: "torch.Tensor", past_key_values: Any) -> "torch.Tensor":
-        input_ids = input_ids.long()
+    def _history(self, input_ids: "torch.Tensor", past_key_values: Any) -> np.ndarray:
+        """`[batch, context_len + seq]` int32: the context the module would read, then the tokens."""
         k = self.context_len
         cached = past_key_values.get_conv_state(self.layer_idx, state_idx=2) if past_key_values is not None else None
         if cached is not None:
-            previous = cached[:, -k:].clone()  # a cache recording its past holds more; the last k count
+            previous = cached[:, -k:]  # a cache recording its past holds more; the last k count
         else:
             previous = input_ids.new_full((input_ids.shape[0], k), self.eos_token_id)
-        if past_key_values is not None:
+        return torch.cat([previous.to(input_ids.device), input_ids], dim=-1).to("cpu", torch.int32).numpy()
+
+    def prefetch(self, input_ids: Optional["torch.Tensor"], past_key_values: Any) -> None:
+        """Submits the lookup of `input_ids` ahead of `forward` (a pre-hook on an earlier decoder
+        layer calls it), so libple gathers while that layer computes. `forward` uses these steps
+        only if it is called with the same tokens and context, else releases them; inputs that
+        need more steps than the ring holds are not prefetched."""
+        self._release_ahead()
+        if input_ids is None or input_ids.numel() == 0:
+            return
+        if -(-input_ids.numel() // self._max_tokens) > self._in_flight:
+            return
+        history = self._history(input_ids.long(), past_key_values)
+        self._ahead = (history, list(self._submit(history)))
+
+    def _release_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            for step, _, _ in ahead[1]:
+                step.release()
+
+    def forward(self, input_ids: "torch.Tensor", past_key_values: Any) -> "torch.Tensor":
+        input_ids = input_ids.long()
+        k = self.context_len
+        history = self._history(input_ids, past_key_values)
+        if past_key_values is not None:  # the module's cache update, as it makes it
             to_cache = input_ids
-            if cached is None and input_ids.shape[1] < k:  # the cache would pad with zeros, the model with EOS
+            first = past_key_values.get_conv_state(self.layer_idx, state_idx=2) is None
+            if first and input_ids.shape[1] < k:  # the cache would pad with zeros, the model with EOS
                 to_cache = torch.nn.functional.pad(to_cache, (k - input_ids.shape[1], 0), value=self.eos_token_id)
             past_key_values.update_conv_state(to_cache, self.layer_idx, state_idx=2, conv_kernel_size=k)
-        history = torch.cat([previous, input_ids], dim=-1).to("cpu", torch.int32).numpy()
         batch, seq = input_ids.shape
         dev = input_ids.device
         fuse = dev.type == "cuda" and dev.index == self._cuda_device
         # CPU rows for any device but the table's CUDA device; copied over below
         at = dev if fuse or dev.type == "cpu" else torch.device("cpu")
         out = torch.empty((batch, seq, self.ple_embed_dim), dtype=self._dtype_probe.dtype, device=at)
-        if batch * seq:
-            self._lookup(history, out.view(batch * seq, self.ple_embed_dim), fuse)
+        flat = out.view(batch * seq, self.ple_embed_dim)
+        stream = torch.cuda.current_stream(out.device) if fuse else None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and np.array_equal(ahead[0], history):
+            for item in ahead[1]:
+                self._consume(item, flat, stream)
+        else:
+            for step, _, _ in ahead[1] if ahead is not None else ():
+                step.release()
+            if batch * seq:
+                self._lookup(history, flat, stream)
         return out if out.device == dev else out.to(dev)
 
-    def _lookup(self, history: np.ndarray, out: "torch.Tensor", fuse: bool) -> None:
-        """Rows of `history[:, k:]` (row-major) into `out`, in steps of at most max_tokens_per_step
-        tokens; the next step is submitted before the previous one is dequantised."""
+    def _submit(self, history: np.ndarray):
+        """Submits the rows of `history[:, k:]` (row-major) in steps of at most
+        max_tokens_per_step tokens; yields `(step, first_token, end_token)` as each is submitted.
+        Each row is one request in stateless mode; a step starting inside a row takes its context
+        from the tokens before it."""
         k = self.context_len
         batch, width = history.shape
         seq = width - k
         tokens = np.ascontiguousarray(history[:, k:]).reshape(-1)
         # positions k.. in each row: the context tokens stand for positions 0..k-1 of the request
         positions = np.tile(np.arange(k, width, dtype=np.int32), batch)
-        stream = torch.cuda.current_stream(out.device) if fuse else None
-        pending: deque = deque()
         n = batch * seq
         for start in range(0, n, self._max_tokens):
             end = min(n, start + self._max_tokens)
@@ -117,7 +153,14 @@ class OffloadedNGramEmbedding(torch.nn.Module):
                 tokens[start:end], positions[start:end], request_ids=rows.astype(np.uint64),
                 query_start=spans.astype(np.uint32), context=ctx.reshape(-1),
             )  # fmt: skip
-            pending.append((step, start, end))
+            yield step, start, end
+
+    def _lookup(self, history: np.ndarray, out: "torch.Tensor", stream: Any) -> None:
+        """All rows into `out`; a step is dequantised once the ring is full, so the next one is
+        gathered meanwhile."""
+        pending: deque = deque()
+        for item in self._submit(history):
+            pending.append(item)
             if len(pending) >= self._in_flight:
                 self._consume(pending.popleft(), out, stream)
         while pending:
@@ -268,7 +311,25 @@ def offload(model: Any, table_dir: Any, **table_options: Any) -> Any:
     new = OffloadedNGramEmbedding(module, table, _module_dtype(module, model), int(opts.get("cuda_device", -1)))
     parent_name, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+    earlier = _first_decoder_layer_before(model, name)
+    if earlier is not None:
+        new._prefetch_hook = earlier.register_forward_pre_hook(
+            lambda _m, _args, kw: new.prefetch(kw.get("ple_input_ids"), kw.get("past_key_values")),
+            with_kwargs=True,
+        )
     return model
+
+
+def _first_decoder_layer_before(model: Any, name: str) -> Any:
+    """The first decoder layer when the module sits in a later one (`...layers.{i}...`, i > 0),
+    else None. Its forward gets `ple_input_ids` and `past_key_values` by keyword."""
+    parts = name.split(".")
+    for j in range(1, len(parts)):
+        if parts[j].isdigit() and int(parts[j]) > 0:
+            layers = model.get_submodule(".".join(parts[:j]))
+            if isinstance(layers, torch.nn.ModuleList):
+                return layers[0]
+    return None
 
 
 class _WeightNotLoaded(torch.nn.Module):
