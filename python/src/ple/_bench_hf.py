@@ -7,7 +7,8 @@ offload of that weight. Every run is its own process (peak RSS = its VmHWM):
 - generate: prompt P tokens x batch B (random ids, some EOS), N new tokens, greedy; cold (the
   table's and checkpoint's pages dropped from the page cache with POSIX_FADV_DONTNEED just before)
   then warm (the same again). Prefill = the first forward; decode = the others, per step; the
-  n-gram module's own time per call is timed by hooks (the nn.Embedding, or libple's lookup).
+  n-gram module's own time per call is timed by hooks (the module holding the nn.Embedding, or
+  the offloaded module plus its submission ahead from the first decoder layer's pre-hook).
 
 Needs torch and transformers. The checkpoints (bf16, written by save_pretrained) and the BF16
 table packed from one of them are kept in WORK_DIR and reused.
@@ -134,6 +135,16 @@ def _timed_generate(model: Any, ids: Any, new_tokens: int) -> Dict[str, Any]:
         ngram.register_forward_pre_hook(lambda *_: lookups.append(-time.perf_counter())),
         ngram.register_forward_hook(lambda *_: lookups.__setitem__(-1, lookups[-1] + time.perf_counter())),
     ]
+    ahead: List[float] = []  # offload: the lookups submitted from the first decoder layer's pre-hook
+    if isinstance(ngram, pt.OffloadedNGramEmbedding):
+        submit = ngram.prefetch
+
+        def timed(*args: Any) -> None:
+            t = time.perf_counter()
+            submit(*args)
+            ahead.append(time.perf_counter() - t)
+
+        ngram.prefetch = timed  # type: ignore[method-assign]
     t0 = time.perf_counter()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
@@ -141,6 +152,9 @@ def _timed_generate(model: Any, ids: Any, new_tokens: int) -> Dict[str, Any]:
     wall = time.perf_counter() - t0
     for x in h:
         x.remove()
+    if ahead:
+        del ngram.prefetch
+    lookups = [x + y for x, y in zip(lookups, ahead)] if ahead else lookups
     fwd = [b - a for a, b in calls]
     batch = ids.shape[0]
     decode = sum(fwd[1:])

@@ -265,6 +265,8 @@ def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
         if tv != mv:
             raise ValueError(f"{table.path}: {field} differs: table {tv}, model ({name}) {mv}")
     got = table_hash_params(table)
+    if not got:  # libple opens only the model's shape; a table that is not cannot be compared
+        raise ValueError(f"{table.path}: ngram_size {i['ngram_size']} / num_heads {i['num_heads']}: not served")
     sizes = [int(x) for x in _buffer_values(module, "ngram_heads_vocab_sizes")]
     offsets = [int(x) for x in _buffer_values(module, "ngram_heads_offsets")]
     for field, mv in (("ngram_heads_vocab_sizes", sizes), ("ngram_heads_offsets", offsets)):
@@ -346,8 +348,9 @@ class _WeightNotLoaded(torch.nn.Module):
         raise RuntimeError("the n-gram weight was not loaded: this model's n-gram table is served by ple.transformers")
 
 
-# checkpoint tensors of the n-gram weight: the shards (and quantised checkpoints' scales)
-_SHARD_KEYS = r"ngram_embedding\.(weight|shard_\d+\.\w+)$"
+# checkpoint tensors of the n-gram weight: the shards, their block and global scales (NVFP4
+# `shard_{i}.weight_scale[_2]`), an FP8 checkpoint's `weight_scale`
+_SHARD_KEYS = r"ngram_embedding\.(weight\w*|shard_\d+\.\w+)$"
 
 
 def _without_ngram_weight(cls: type) -> type:
