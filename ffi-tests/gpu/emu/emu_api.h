@@ -1,0 +1,29 @@
+/* What the emulated driver's entry-point files share (cuda_emu.cpp, emu_launch.cpp). */
+#ifndef PLE_EMU_API_H
+#define PLE_EMU_API_H
+
+#include "emu.h"
+
+#define EMU_API extern "C" __attribute__((visibility("default")))
+
+namespace emu {
+
+extern std::set<Ctx *> g_ctxs;
+extern std::set<Stream *> g_streams;
+extern std::set<Event *> g_events;
+extern Ctx g_primary;
+extern bool g_inited;
+extern Stream *g_legacy;
+extern thread_local CUstreamCaptureMode t_cap_mode;
+
+Stream *new_stream(Ctx *ctx, unsigned flags, bool legacy);
+uint64_t enqueue(Stream *s, Op op);
+void wait_ticket(Stream *s, uint64_t t);
+CUresult resolve_stream(CUstream h, Stream **out);
+bool any_capture_blocking();
+bool unsafe_call_allowed();
+bool device_accessible(uintptr_t p, size_t n);
+
+} // namespace emu
+
+#endif
