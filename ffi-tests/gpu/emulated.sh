@@ -84,7 +84,7 @@ run() { # name limit_s [ENV=V ...] program args...
 }
 run gpu_emu_test 240 "$work/bin/gpu_emu_test" "$work/tables-emu" "$out"
 run gpu_emu_test_no_memops 120 PLE_EMU_STREAM_MEM_OPS=0 "$work/bin/gpu_emu_test" \
-    "$work/tables-emu" "$out/no-memops"
+    "$work/tables-emu" "$out/no-memops" quick
 run gpu_test 240 "$work/bin/gpu_test" "$work/tables-test" "$out"
 run gpu_robust 180 "$work/bin/gpu_robust" "$work/tables-robust" "$out"
 run gpu_bench 180 "$work/bin/gpu_bench" "$work/tables-bench" "$out"
