@@ -6,7 +6,8 @@
 #
 #   ffi-tests/gpu/emulated.sh --build               builds target/cuda-emu/libcuda.so.1 only
 #   ffi-tests/gpu/emulated.sh [LIBPLE_SO] [OUTDIR]  builds it and the GPU programs, then runs
-#       gpu_emu_test (the emulated matrix), gpu_test, gpu_robust and gpu_bench against it with
+#       gpu_emu_test (its full matrix; then shorter under CUDA_DEVICE_MAX_CONNECTIONS=1 and
+#       under PLE_EMU_STREAM_MEM_OPS=0), gpu_test, gpu_robust and gpu_bench against it with
 #       target/cuda-emu first on LD_LIBRARY_PATH (libple's dlopen("libcuda.so.1") finds the
 #       emulator there, and only there). Results land in OUTDIR (default target/gpu-emu-out).
 #       Every figure they print is the emulator's (CPU) timing, not a device's.
@@ -14,7 +15,8 @@
 #
 # Emulator switches (environment): PLE_EMU_STREAM_MEM_OPS=0 reports no 64-bit stream memory
 # operations (the GB10 case: the attribute is 0 and cuStreamWaitValue64 fails), PLE_EMU_SM_COUNT
-# (default 4), PLE_EMU_CC (default 90), PLE_EMU_DRIVER_VERSION (default 12090).
+# (default 4), PLE_EMU_CC (default 90), PLE_EMU_DRIVER_VERSION (default 12090), and CUDA's own
+# CUDA_DEVICE_MAX_CONNECTIONS=N (streams share N in-order hardware queues, round-robin).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -83,10 +85,14 @@ run() { # name limit_s [ENV=V ...] program args...
     fi
 }
 run gpu_emu_test 240 "$work/bin/gpu_emu_test" "$work/tables-emu" "$out"
+# one hardware queue for all streams: a hidden dependency on a stream of libple's would hang
+run gpu_emu_test_one_queue 120 CUDA_DEVICE_MAX_CONNECTIONS=1 "$work/bin/gpu_emu_test" \
+    "$work/tables-emu" "$out/one-queue" quick
+# the GB10 case: no 64-bit stream memory operations (AUTO picks the spin kernel)
 run gpu_emu_test_no_memops 120 PLE_EMU_STREAM_MEM_OPS=0 "$work/bin/gpu_emu_test" \
     "$work/tables-emu" "$out/no-memops" quick
 run gpu_test 240 "$work/bin/gpu_test" "$work/tables-test" "$out"
 run gpu_robust 180 "$work/bin/gpu_robust" "$work/tables-robust" "$out"
-run gpu_bench 180 "$work/bin/gpu_bench" "$work/tables-bench" "$out"
+run gpu_bench 180 PLE_GPU_BENCH_REPS=3 "$work/bin/gpu_bench" "$work/tables-bench" "$out"
 say "results in $out (emulated: every figure is CPU timing, not a device's); exit $rc"
 exit $rc

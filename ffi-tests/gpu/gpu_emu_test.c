@@ -25,6 +25,22 @@
 static uint64_t g_seq;
 static int g_quick;
 
+/* the step maximum of the handles here (gpu_test covers 8192, open_gpu's) */
+#define STEP_MAX 1024
+
+/* open_gpu with max_tokens_per_step = STEP_MAX */
+static ple_status open_emu(const char *dir, int wait_mode, uint64_t timeout_us, uint32_t in_flight,
+                           ple_handle **h) {
+    ple_options o;
+    ple_options_default(&o);
+    o.cuda_device = 0;
+    o.wait_mode = wait_mode;
+    o.max_tokens_per_step = STEP_MAX;
+    o.max_in_flight = in_flight;
+    if (timeout_us) o.wait_timeout_us = timeout_us;
+    return ple_open(dir, &o, h);
+}
+
 /* ple_dequant_fuse of a fresh step vs ple_dequant_cpu of its twin (same batch) vs the reference */
 static void fuse_vs_cpu(ple_handle *h, const table_t *t, rng_t *r, uint32_t n, int dtype,
                         size_t stride, int acc, const char *what) {
@@ -58,11 +74,11 @@ static void test_m(table_t tabs[3]) {
     int p0 = g_pass, f0 = g_fail;
     rng_t r = {31};
     const size_t strides[3] = {2560, 2560 + 64, 2563};
-    const uint32_t counts[3] = {1, 37, 8192};
+    const uint32_t counts[3] = {1, 37, STEP_MAX};
     int combos = 0;
     for (int ti = 0; ti < 3; ti++) {
         ple_handle *h = NULL;
-        if (PLE_OK_OR_FAIL(open_gpu(tabs[ti].dir, PLE_WAIT_AUTO, 0, 4, &h)) != PLE_OK) continue;
+        if (PLE_OK_OR_FAIL(open_emu(tabs[ti].dir, PLE_WAIT_AUTO, 0, 4, &h)) != PLE_OK) continue;
         for (int dtype = 0; dtype < 3; dtype++)
             for (int acc = 0; acc < 2; acc++)
                 for (int si = 0; si < 3; si++)
@@ -90,7 +106,7 @@ static void test_w(table_t *t) {
     rng_t r = {32};
     for (int m = 0; m < 3; m++) {
         ple_handle *h = NULL;
-        ple_status st = open_gpu(t->dir, modes[m], 0, 4, &h);
+        ple_status st = open_emu(t->dir, modes[m], 0, 4, &h);
         if (modes[m] == PLE_WAIT_STREAM_OP && !g_stream_ops) {
             CHECK(st == PLE_E_UNSUPPORTED, "STREAM_OP without stream mem ops: %s", ple_status_name(st));
             strncat(note, "stream_op refused (no 64-bit stream mem ops); ", sizeof note - strlen(note) - 1);
@@ -100,7 +116,7 @@ static void test_w(table_t *t) {
         CHECK(st == PLE_OK, "open %s: %s (%s)", wait_name(modes[m]), ple_status_name(st),
               ple_last_error_message());
         if (st != PLE_OK) continue;
-        const uint32_t counts[3] = {1, 37, 8192};
+        const uint32_t counts[3] = {1, 37, STEP_MAX};
         for (int i = 0; i < 3; i++) {
             char w[96];
             snprintf(w, sizeof w, "%s n %u", wait_name(modes[m]), counts[i]);
@@ -140,7 +156,7 @@ static void test_f(table_t *t) {
         snprintf(dir, sizeof dir, "%s-broken", t->dir);
         copy_table(t->dir, dir);
         ple_handle *h = NULL;
-        if (PLE_OK_OR_FAIL(open_gpu(dir, modes[m], 5000000, 1, &h)) != PLE_OK) continue;
+        if (PLE_OK_OR_FAIL(open_emu(dir, modes[m], 5000000, 1, &h)) != PLE_OK) continue;
         const uint32_t n = 5;
         batch_buf ba, bb;
         make_batch(&ba, &r, n, 1, 60000);
@@ -217,11 +233,12 @@ static CUgraphExec capture(ple_handle *h, outbuf *o, uint32_t cap, int dtype, si
 
 static void test_l(table_t *t) {
     int p0 = g_pass, f0 = g_fail;
-    ple_handle *h = NULL;
     rng_t r = {34};
-    int waited = 0;
-    const int k = 5;
-    if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_AUTO, 0, 2, &h)) == PLE_OK) {
+    int waited = 0, launched = 0;
+    const int k = 5, modes[2] = {PLE_WAIT_AUTO, PLE_WAIT_HOST};
+    for (int m = 0; m < 2; m++) {
+        ple_handle *h = NULL;
+        if (PLE_OK_OR_FAIL(open_emu(t->dir, modes[m], 3000000, 2, &h)) != PLE_OK) continue;
         const uint32_t cap = 40;
         outbuf o;
         out_alloc(&o, &r, cap, 2560, PLE_DTYPE_F32);
@@ -241,14 +258,16 @@ static void test_l(table_t *t) {
             CU(cuEventRecord(ev, g_s));
             usleep(30000);
             CUresult q = cuEventQuery(ev);
-            CHECK(q == CUDA_ERROR_NOT_READY, "replay %d finished before its step was submitted (%d)", i, (int)q);
+            CHECK(q == CUDA_ERROR_NOT_READY, "%s: replay %d finished before its step was submitted (%d)",
+                  wait_name(modes[m]), i, (int)q);
             waited += q == CUDA_ERROR_NOT_READY;
+            launched++;
             PLE_OK_OR_FAIL(ple_submit(h, &bb.b, ++g_seq));
             CU(cuStreamSynchronize(g_s));
             PLE_OK_OR_FAIL(ple_check_device(h));
             out_fetch(&o);
             char w[64];
-            snprintf(w, sizeof w, "late replay %d (%u tokens)", i, n);
+            snprintf(w, sizeof w, "%s: late replay %d (%u tokens)", wait_name(modes[m]), i, n);
             CHECK(compare_ref(o.host, o.init, o.bytes, t, rows, n, PLE_DTYPE_F32, 2560, 0, w) == 0, "%s", w);
             free(rows);
             free_batch(&bb);
@@ -260,7 +279,8 @@ static void test_l(table_t *t) {
         out_free(&o);
     }
     char note[96];
-    snprintf(note, sizeof note, "%d of %d replays were still waiting 30 ms after launch", waited, k);
+    snprintf(note, sizeof note, "%d of %d replays (auto, host) still waiting 30 ms after launch",
+             waited, launched);
     section_result("l_late_submit", f0, p0, note);
 }
 
@@ -272,7 +292,7 @@ static void test_r(table_t *t) {
     for (int m = 0; m < 3; m++) {
         if (modes[m] == PLE_WAIT_STREAM_OP && !g_stream_ops) continue;
         ple_handle *h = NULL;
-        if (PLE_OK_OR_FAIL(open_gpu(t->dir, modes[m], 5000000, 2, &h)) != PLE_OK) continue;
+        if (PLE_OK_OR_FAIL(open_emu(t->dir, modes[m], 5000000, 2, &h)) != PLE_OK) continue;
         batch_buf bb[3];
         uint8_t *rows[3];
         outbuf o[3];
@@ -331,7 +351,7 @@ static void test_g(table_t *t) {
     int p0 = g_pass, f0 = g_fail;
     ple_handle *h = NULL;
     rng_t r = {36};
-    if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_AUTO, 0, 3, &h)) == PLE_OK) {
+    if (PLE_OK_OR_FAIL(open_emu(t->dir, PLE_WAIT_AUTO, 0, 3, &h)) == PLE_OK) {
         const uint32_t cap = 24;
         const size_t stride = 2563;
         outbuf o;
@@ -380,7 +400,7 @@ static void test_c(table_t *t) {
     rng_t r = {37};
     const int mode = g_stream_ops ? PLE_WAIT_STREAM_OP : PLE_WAIT_SPIN_KERNEL;
     ple_handle *h = NULL;
-    if (PLE_OK_OR_FAIL(open_gpu(t->dir, mode, 0, 4, &h)) == PLE_OK) {
+    if (PLE_OK_OR_FAIL(open_emu(t->dir, mode, 0, 4, &h)) == PLE_OK) {
         const uint32_t n = 300;
         batch_buf bb;
         make_batch(&bb, &r, n, 2, 64000);
@@ -416,7 +436,7 @@ static void test_x(table_t *t) {
     int p0 = g_pass, f0 = g_fail;
     ple_handle *h = NULL;
     rng_t r = {38};
-    if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_AUTO, 0, 4, &h)) == PLE_OK) {
+    if (PLE_OK_OR_FAIL(open_emu(t->dir, PLE_WAIT_AUTO, 0, 4, &h)) == PLE_OK) {
         batch_buf bb;
         make_batch(&bb, &r, 7, 1, 65000);
         uint8_t *rows = ref_rows(h, t, &bb.b);

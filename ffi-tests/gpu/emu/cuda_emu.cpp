@@ -107,7 +107,7 @@ static void stream_main(Stream *s) {
         exec_op(s, op);
         {
             std::lock_guard<std::mutex> g(g_done_mu);
-            s->completed.store(op.my_ticket);
+            op.owner->completed.store(op.my_ticket);
         }
         g_done_cv.notify_all();
     }
@@ -118,19 +118,38 @@ Stream *new_stream(Ctx *ctx, unsigned flags, bool legacy) {
     s->ctx = ctx;
     s->flags = flags;
     s->legacy = legacy;
-    s->th = std::thread(stream_main, s);
-    s->th.detach();
+    if (g_cfg.max_connections > 0) {
+        static std::vector<Stream *> runners;
+        static size_t next = 0;
+        size_t i = next++ % size_t(g_cfg.max_connections);
+        if (runners.size() <= i) {
+            Stream *q = new Stream; /* a hardware queue, no stream of its own */
+            q->hw = q;
+            q->th = std::thread(stream_main, q);
+            q->th.detach();
+            runners.push_back(q);
+        }
+        s->hw = runners[i];
+    } else {
+        s->hw = s;
+        s->th = std::thread(stream_main, s);
+        s->th.detach();
+    }
     g_streams.insert(s);
     return s;
 }
 
 /* Appends `op` to stream `s`'s queue; returns its ticket. No capture check (see enqueue). */
 static uint64_t push(Stream *s, Op op) {
-    std::lock_guard<std::mutex> g(s->mu);
-    op.my_ticket = ++s->submitted;
+    {
+        std::lock_guard<std::mutex> g(s->mu);
+        op.my_ticket = ++s->submitted;
+    }
+    op.owner = s;
     uint64_t t = op.my_ticket;
-    s->q.push_back(std::move(op));
-    s->cv.notify_one();
+    std::lock_guard<std::mutex> g(s->hw->mu);
+    s->hw->q.push_back(std::move(op));
+    s->hw->cv.notify_one();
     return t;
 }
 
@@ -327,6 +346,7 @@ EMU_API CUresult CUDAAPI cuInit(unsigned int flags) {
         g_cfg.cc_major = cc / 10;
         g_cfg.cc_minor = cc % 10;
         g_cfg.driver_version = env_int("PLE_EMU_DRIVER_VERSION", 12090);
+        g_cfg.max_connections = env_int("CUDA_DEVICE_MAX_CONNECTIONS", 0);
         g_primary.primary = true;
         g_ctxs.insert(&g_primary);
         struct sigaction sa;

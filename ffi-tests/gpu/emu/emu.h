@@ -87,7 +87,8 @@ struct Op {
     /* HostFn */
     CUhostFn host_fn = nullptr;
     void *user = nullptr;
-    /* set at enqueue */
+    /* set at enqueue: the stream it belongs to and its ticket there */
+    Stream *owner = nullptr;
     uint64_t my_ticket = 0;
 };
 
@@ -112,6 +113,10 @@ struct Stream {
     uint64_t submitted = 0;              /* under mu */
     std::atomic<uint64_t> completed{0};
     std::thread th;
+    /* the hardware queue that runs this stream's work: the stream itself (its own thread), or,
+     * under CUDA_DEVICE_MAX_CONNECTIONS=N, one of N queues shared round-robin by all streams
+     * (work of streams sharing one runs in submission order: CUDA's false dependencies) */
+    Stream *hw = nullptr;
     /* capture (under g_mu) */
     bool capturing = false;
     bool cap_invalid = false;
@@ -164,6 +169,7 @@ struct Config {
     int sm_count = 4;       /* PLE_EMU_SM_COUNT */
     int cc_major = 9, cc_minor = 0;
     int driver_version = 12090;
+    int max_connections = 0; /* CUDA_DEVICE_MAX_CONNECTIONS; 0: unset, a queue per stream */
 };
 extern Config g_cfg;
 

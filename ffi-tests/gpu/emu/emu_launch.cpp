@@ -49,7 +49,8 @@ EMU_API CUresult CUDAAPI cuStreamDestroy(CUstream h) {
     Stream *s;
     if (CUresult r = resolve_stream(h, &s)) return r;
     if (s->capturing) s->cap_invalid = true;
-    s->alive = false; /* queued work still runs; the thread ends after it */
+    s->alive = false; /* queued work still runs; the stream's own thread ends after it */
+    if (s->hw != s) return CUDA_SUCCESS;
     std::lock_guard<std::mutex> g(s->mu);
     s->stop = true;
     s->cv.notify_one();

@@ -402,6 +402,16 @@ impl GpuSide {
         self.published.load(Ordering::Acquire)
     }
 
+    /// Whether kernels read the rows from the mapped staging (`ld.global.cv`), with no H2D copy:
+    /// in the device-wait modes, and in CUDA Graph mode (from `graph_prepare` on, whatever the
+    /// wait mode) — a replay's spinning gate must never wait for a copy on libple's stream,
+    /// which may sit behind it in the same hardware queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`) and
+    /// so never run. The staging holds every published step's rows in all modes, so a step
+    /// copied before graph mode began is read correctly either way.
+    pub(super) fn reads_zero_copy(&self) -> bool {
+        self.wait.zero_copy() || self.graph_base.load(Ordering::Acquire) != 0
+    }
+
     pub(super) fn ctrl_u64(&self, off: usize) -> &AtomicU64 {
         debug_assert!(off % 8 == 0 && off + 8 <= self.ctrl_bytes);
         // SAFETY: ctrl is a live, page-aligned host allocation of ctrl_bytes, so `off` (a
