@@ -15,7 +15,9 @@
  *      the captured capacity (NaN + device error, then correct again);
  *  (c) ple_close with fuses queued behind a held stream: returns, no use after free, NaN-filled;
  *  (x) misuse: a stream of another context and freed output memory are refused; the legacy
- *      NULL stream works.
+ *      NULL stream works;
+ *  (q) 6 graph replays queued before their 6 steps are submitted through 2 ring slots;
+ *  (y) ple_open and ple_close while the calling thread captures a graph in global mode.
  * Usage: gpu_emu_test TABLE_ROOT OUTDIR [quick]   (writes OUTDIR/gpu_emu_test.json)
  */
 #include <pthread.h>
@@ -476,6 +478,66 @@ static void test_x(table_t *t) {
     section_result("x_misuse", f0, p0, "another context's stream, freed out, legacy stream");
 }
 
+/* (q) replays queued ahead of their steps: 6 replays launched at once, then the 6 steps
+ * submitted back to back through 2 ring slots; the last replay's output is the last step's */
+static void test_q(table_t *t) {
+    int p0 = g_pass, f0 = g_fail;
+    ple_handle *h = NULL;
+    rng_t r = {39};
+    if (PLE_OK_OR_FAIL(open_emu(t->dir, PLE_WAIT_AUTO, 3000000, 2, &h)) == PLE_OK) {
+        const uint32_t cap = 16;
+        const int k = 6;
+        outbuf o;
+        out_alloc(&o, &r, cap, 2560, PLE_DTYPE_BF16);
+        PLE_OK_OR_FAIL(ple_graph_prepare(h, (void *)g_s, g_seq + 1));
+        CUgraph g;
+        CUgraphExec exec = capture(h, &o, cap, PLE_DTYPE_BF16, 2560, 0, &g);
+        for (int i = 0; i < k; i++) CU(cuGraphLaunch(exec, g_s));
+        batch_buf bb[6];
+        uint8_t *rows = NULL;
+        double t0 = now_s();
+        for (int i = 0; i < k; i++) {
+            make_batch(&bb[i], &r, 1 + (uint32_t)i * 2, 1, 66000 + (uint64_t)i * 10);
+            if (i == k - 1) rows = ref_rows(h, t, &bb[i].b);
+            PLE_OK_OR_FAIL(ple_submit(h, &bb[i].b, ++g_seq));
+        }
+        CU(cuStreamSynchronize(g_s));
+        double dt = now_s() - t0;
+        PLE_OK_OR_FAIL(ple_check_device(h));
+        out_fetch(&o);
+        CHECK(compare_ref(o.host, o.init, o.bytes, t, rows, bb[k - 1].b.num_tokens, PLE_DTYPE_BF16,
+                          2560, 0, "queued replays") == 0, "the last queued replay's output");
+        CHECK(dt < 2.5, "6 queued replays took %.3f s (a slot wait ran into its timeout?)", dt);
+        for (int i = 0; i < k; i++) free_batch(&bb[i]);
+        free(rows);
+        cuGraphExecDestroy(exec);
+        cuGraphDestroy(g);
+        ple_close(h);
+        out_free(&o);
+    }
+    section_result("q_replays_queued_ahead", f0, p0, "6 replays queued, then 6 steps, 2 slots");
+}
+
+/* (y) ple_open and ple_close while the calling thread captures in global mode: libple's own
+ * driver calls must neither fail nor invalidate the engine's capture */
+static void test_y(table_t *t) {
+    int p0 = g_pass, f0 = g_fail;
+    CUstream s2;
+    CU(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    CU(cuStreamBeginCapture(s2, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    ple_handle *h = NULL;
+    ple_status st = open_emu(t->dir, PLE_WAIT_AUTO, 0, 2, &h);
+    CHECK(st == PLE_OK, "ple_open during a global capture: %s (%s)", ple_status_name(st),
+          ple_last_error_message());
+    if (st == PLE_OK) ple_close(h);
+    CUgraph g = NULL;
+    CUresult r = cuStreamEndCapture(s2, &g);
+    CHECK(r == CUDA_SUCCESS, "the engine's capture after ple_open/ple_close: %d", (int)r);
+    if (g) cuGraphDestroy(g);
+    cuStreamDestroy(s2);
+    section_result("y_open_close_during_capture", f0, p0, "");
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: gpu_emu_test TABLE_ROOT OUTDIR [quick]\n");
@@ -509,6 +571,8 @@ int main(int argc, char **argv) {
     test_g(&tabs[0]);
     test_c(&tabs[0]);
     test_x(&tabs[0]);
+    test_q(&tabs[0]);
+    test_y(&tabs[0]);
     fprintf(g_json, "\n  },\n  \"passed\": %d,\n  \"failed\": %d\n}\n", g_pass, g_fail);
     fclose(g_json);
     printf("%d passed, %d failed\n", g_pass, g_fail);

@@ -135,6 +135,9 @@ impl GpuSide {
             "cuDevicePrimaryCtxRetain",
         )?;
         let _c = CtxGuard::push(g.ctx)?;
+        // Relaxed: loading the module and allocating are calls a global-mode capture on any
+        // thread forbids; refused, they would fail the open and invalidate the engine's capture.
+        let _m = RelaxedCapture::enter()?;
         g.query_device(cfg, drv)?;
         g.load_module(drv)?;
         g.allocate()?;
