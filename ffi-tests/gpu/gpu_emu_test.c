@@ -43,9 +43,10 @@ static ple_status open_emu(const char *dir, int wait_mode, uint64_t timeout_us, 
     return ple_open(dir, &o, h);
 }
 
-/* ple_dequant_fuse of a fresh step vs ple_dequant_cpu of its twin (same batch) vs the reference */
-static void fuse_vs_cpu(ple_handle *h, const table_t *t, rng_t *r, uint32_t n, int dtype,
-                        size_t stride, int acc, const char *what) {
+/* ple_dequant_fuse of a fresh step vs ple_dequant_cpu of its twin (same batch) vs the reference;
+ * the output starts `skip` elements into its allocation (1: aligned to the dtype only) */
+static void fuse_vs_cpu_at(ple_handle *h, const table_t *t, rng_t *r, uint32_t n, int dtype,
+                           size_t stride, int acc, size_t skip, const char *what) {
     batch_buf bb;
     make_batch(&bb, r, n, n > 3 ? 3 : 1, 100 + g_seq);
     uint64_t seq = ++g_seq, twin = ++g_seq;
@@ -54,22 +55,28 @@ static void fuse_vs_cpu(ple_handle *h, const table_t *t, rng_t *r, uint32_t n, i
     PLE_OK_OR_FAIL(ple_submit(h, &bb.b, twin));
     outbuf o;
     out_alloc(&o, r, n, stride, dtype);
+    size_t off = skip * (size_t)dtype_size(dtype), bytes = o.bytes - off;
     uint32_t fl = acc ? PLE_FUSE_ACCUMULATE : 0;
-    ple_status st = fuse(h, seq, o.d, dtype, stride, fl);
+    ple_status st = fuse(h, seq, o.d + off, dtype, stride, fl);
     CHECK(st == PLE_OK, "%s: fuse %s (%s)", what, ple_status_name(st), ple_last_error_message());
     uint8_t *cpu = malloc(o.bytes);
     memcpy(cpu, o.init, o.bytes);
-    PLE_OK_OR_FAIL(ple_dequant_cpu(h, twin, cpu, dtype, stride, fl));
+    PLE_OK_OR_FAIL(ple_dequant_cpu(h, twin, cpu + off, dtype, stride, fl));
     CU(cuStreamSynchronize(g_s));
     out_fetch(&o);
     CHECK(!memcmp(cpu, o.host, o.bytes), "%s: GPU vs ple_dequant_cpu differ", what);
-    CHECK(compare_ref(o.host, o.init, o.bytes, t, rows, n, dtype, stride, acc, what) == 0,
+    CHECK(compare_ref(o.host + off, o.init + off, bytes, t, rows, n, dtype, stride, acc, what) == 0,
           "%s: GPU vs reference", what);
     PLE_OK_OR_FAIL(ple_check_device(h));
     free(cpu);
     free(rows);
     out_free(&o);
     free_batch(&bb);
+}
+
+static void fuse_vs_cpu(ple_handle *h, const table_t *t, rng_t *r, uint32_t n, int dtype,
+                        size_t stride, int acc, const char *what) {
+    fuse_vs_cpu_at(h, t, r, n, dtype, stride, acc, 0, what);
 }
 
 static void test_m(table_t tabs[3]) {
@@ -94,6 +101,13 @@ static void test_m(table_t tabs[3]) {
                         fuse_vs_cpu(h, &tabs[ti], &r, counts[ci], dtype, strides[si], acc, w);
                         combos++;
                     }
+        /* out one element past 16-byte alignment: the kernels' scalar stores */
+        for (int dtype = 0; dtype < 3; dtype++) {
+            char w[96];
+            snprintf(w, sizeof w, "fmt %d %s out + 1 element", tabs[ti].format, dtype_name(dtype));
+            fuse_vs_cpu_at(h, &tabs[ti], &r, 37, dtype, 2560, dtype == 1, 1, w);
+            combos++;
+        }
         ple_close(h);
     }
     char note[96];
