@@ -79,6 +79,10 @@ run() { # name limit_s [ENV=V ...] program args...
     timeout -k 5 "$limit" env "$@" >"$out/$name.log" 2>&1 || s=$?
     [[ $s -eq 124 || $s -eq 137 ]] && echo "emulated: $name ran past ${limit}s (a hang)" >>"$out/$name.log"
     say "$name: exit $s after $((SECONDS - t0)) s ($(tail -1 "$out/$name.log"))"
+    if grep -q "cuda-emu: misuse" "$out/$name.log"; then # a call a real driver may not survive
+        grep "cuda-emu: misuse" "$out/$name.log" | sort | uniq -c | head -5
+        s=1
+    fi
     if [[ $s -ne 0 ]]; then
         grep -E "FAIL|FATAL|cuda-emu|panicked" "$out/$name.log" | head -20 || true
         rc=1

@@ -208,7 +208,9 @@ CUresult resolve_stream(CUstream h, Stream **out) {
     }
     if (h == CU_STREAM_PER_THREAD) return CUDA_ERROR_NOT_SUPPORTED;
     Stream *s = reinterpret_cast<Stream *>(h);
-    if (!g_streams.count(s) || !s->alive) return CUDA_ERROR_INVALID_HANDLE;
+    if (g_streams.count(s) && !s->alive)
+        return misuse(CUDA_ERROR_INVALID_HANDLE, "a stream call", "the stream was destroyed");
+    if (!g_streams.count(s)) return CUDA_ERROR_INVALID_HANDLE;
     if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     *out = s;
     return CUDA_SUCCESS;
@@ -286,6 +288,11 @@ bool device_accessible(uintptr_t p, size_t n) {
         n -= here;
     }
     return true;
+}
+
+CUresult misuse(CUresult r, const char *call, const char *what) {
+    fprintf(stderr, "cuda-emu: misuse: %s: %s\n", call, what);
+    return r;
 }
 
 static void *map_anon(size_t n) {
@@ -424,7 +431,8 @@ EMU_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice d) {
     NEED_INIT;
     if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
     LOCK;
-    if (g_primary.refs <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (g_primary.refs <= 0)
+        return misuse(CUDA_ERROR_INVALID_CONTEXT, "cuDevicePrimaryCtxRelease", "no retain left");
     /* the primary context stays usable at refs 0 only until reset; the emulator never resets it,
      * but a release without a retain is misuse */
     g_primary.refs--;
@@ -541,8 +549,10 @@ EMU_API CUresult CUDAAPI cuMemAlloc(CUdeviceptr *p, size_t n) {
 
 static CUresult free_alloc(uintptr_t p, MemKind kind) {
     auto it = g_allocs.find(p);
-    if (it == g_allocs.end() || it->second.freed || it->second.kind != kind)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (it != g_allocs.end() && it->second.freed)
+        return misuse(CUDA_ERROR_INVALID_VALUE, kind == MemKind::Host ? "cuMemFreeHost" : "cuMemFree",
+                      "memory freed twice");
+    if (it == g_allocs.end() || it->second.kind != kind) return CUDA_ERROR_INVALID_VALUE;
     quarantine(it->second);
     return CUDA_SUCCESS;
 }

@@ -24,6 +24,11 @@ bool any_capture_blocking();
 bool unsafe_call_allowed();
 bool device_accessible(uintptr_t p, size_t n);
 
+/* Reports a call a real driver may not survive (a double free, a destroyed handle, a release
+ * without a retain) on stderr as "cuda-emu: misuse: ..." (emulated.sh fails a run that printed
+ * one), and returns `r`, the error the call returns. */
+CUresult misuse(CUresult r, const char *call, const char *what);
+
 } // namespace emu
 
 #endif

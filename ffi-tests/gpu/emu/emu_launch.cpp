@@ -156,7 +156,9 @@ EMU_API CUresult CUDAAPI cuLaunchHostFunc(CUstream h, CUhostFn fn, void *user) {
 
 static CUresult live_event(CUevent h, Event **e) {
     Event *x = reinterpret_cast<Event *>(h);
-    if (!x || !g_events.count(x) || !x->alive) return CUDA_ERROR_INVALID_HANDLE;
+    if (x && g_events.count(x) && !x->alive)
+        return misuse(CUDA_ERROR_INVALID_HANDLE, "an event call", "the event was destroyed");
+    if (!x || !g_events.count(x)) return CUDA_ERROR_INVALID_HANDLE;
     *e = x;
     return CUDA_SUCCESS;
 }
@@ -410,14 +412,18 @@ EMU_API CUresult CUDAAPI cuModuleUnload(CUmodule hm) {
     NEED_INIT;
     LOCK;
     Module *m = reinterpret_cast<Module *>(hm);
-    if (!g_modules.count(m) || !m->alive) return CUDA_ERROR_INVALID_HANDLE;
+    if (g_modules.count(m) && !m->alive)
+        return misuse(CUDA_ERROR_INVALID_HANDLE, "cuModuleUnload", "the module was unloaded");
+    if (!g_modules.count(m)) return CUDA_ERROR_INVALID_HANDLE;
     m->alive = false; /* launches already queued still run (their Function stays) */
     return CUDA_SUCCESS;
 }
 
 static CUresult live_function(CUfunction h, Function **f) {
     Function *x = reinterpret_cast<Function *>(h);
-    if (!x || !g_functions.count(x) || !x->mod->alive) return CUDA_ERROR_INVALID_HANDLE;
+    if (x && g_functions.count(x) && !x->mod->alive)
+        return misuse(CUDA_ERROR_INVALID_HANDLE, "a kernel call", "its module was unloaded");
+    if (!x || !g_functions.count(x)) return CUDA_ERROR_INVALID_HANDLE;
     *f = x;
     return CUDA_SUCCESS;
 }
