@@ -17,7 +17,8 @@
  *  (x) misuse: a stream of another context and freed output memory are refused; the legacy
  *      NULL stream works;
  *  (q) 6 graph replays queued before their 6 steps are submitted through 2 ring slots;
- *  (y) ple_open and ple_close while the calling thread captures a graph in global mode.
+ *  (y) ple_open and ple_close while the calling thread captures a graph in global mode;
+ *  (t) two engine threads with a stream each fusing alternate steps of one handle.
  * Usage: gpu_emu_test TABLE_ROOT OUTDIR [quick]   (writes OUTDIR/gpu_emu_test.json)
  */
 #include <pthread.h>
@@ -552,6 +553,93 @@ static void test_y(table_t *t) {
     section_result("y_open_close_during_capture", f0, p0, "");
 }
 
+/* (t) two engine threads, each with its own stream, fusing the steps of one handle: thread i
+ * fuses the steps with seq % 2 == i while the main thread submits them in order */
+typedef struct {
+    ple_handle *h;
+    const table_t *t;
+    int parity, k, bad;
+    uint64_t base;
+    batch_buf *bb;
+    uint8_t **rows;
+} fuser_t;
+
+static void *fuser(void *arg) {
+    fuser_t *f = arg;
+    CU(cuCtxSetCurrent(g_ctx));
+    CUstream s;
+    CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    rng_t r = {90 + (uint64_t)f->parity};
+    for (int i = f->parity; i < f->k; i += 2) {
+        uint64_t seq = f->base + (uint64_t)i;
+        uint32_t n = f->bb[i].b.num_tokens;
+        outbuf o;
+        out_alloc(&o, &r, n, 2560, PLE_DTYPE_F32);
+        ple_status st;
+        while ((st = ple_dequant_fuse(f->h, (void *)s, seq, (void *)(uintptr_t)o.d, PLE_DTYPE_F32,
+                                      2560, 0)) == PLE_E_STATE &&
+               strstr(ple_last_error_message(), "never submitted"))
+            usleep(200); /* the main thread has not submitted it yet */
+        if (st != PLE_OK) {
+            fprintf(stderr, "  thread %d: fuse %llu: %s (%s)\n", f->parity, (unsigned long long)seq,
+                    ple_status_name(st), ple_last_error_message());
+            f->bad++;
+        }
+        CU(cuStreamSynchronize(s));
+        out_fetch(&o);
+        if (st == PLE_OK &&
+            compare_ref(o.host, o.init, o.bytes, f->t, f->rows[i], n, PLE_DTYPE_F32, 2560, 0, "thread") != 0)
+            f->bad++;
+        out_free(&o);
+    }
+    cuStreamDestroy(s);
+    return NULL;
+}
+
+static void test_t(table_t *t) {
+    int p0 = g_pass, f0 = g_fail;
+    char note[96] = "";
+    const int modes[2] = {PLE_WAIT_AUTO, PLE_WAIT_HOST};
+    for (int m = 0; m < 2; m++) {
+        ple_handle *h = NULL;
+        if (PLE_OK_OR_FAIL(open_emu(t->dir, modes[m], 5000000, 4, &h)) != PLE_OK) continue;
+        enum { K = 40 };
+        batch_buf bb[K];
+        uint8_t *rows[K];
+        rng_t r = {91};
+        for (int i = 0; i < K; i++) {
+            make_batch(&bb[i], &r, 1 + (uint32_t)(rng_next(&r) % 60), 2, 67000 + (uint64_t)i * 10);
+            rows[i] = ref_rows(h, t, &bb[i].b);
+        }
+        fuser_t f[2];
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++) {
+            f[i] = (fuser_t){h, t, i, K, 0, g_seq + 1, bb, rows};
+            pthread_create(&th[i], NULL, fuser, &f[i]);
+        }
+        for (int i = 0; i < K; i++) {
+            ple_status st;
+            /* ring full (4 slots) until the fusers consume: retry */
+            while ((st = ple_submit(h, &bb[i].b, g_seq + 1)) == PLE_E_TIMEOUT) usleep(200);
+            CHECK(st == PLE_OK, "%s: submit %d: %s (%s)", wait_name(modes[m]), i, ple_status_name(st),
+                  ple_last_error_message());
+            g_seq++;
+        }
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        CHECK(f[0].bad == 0 && f[1].bad == 0, "%s: %d + %d steps failed or differ", wait_name(modes[m]),
+              f[0].bad, f[1].bad);
+        PLE_OK_OR_FAIL(ple_check_device(h));
+        for (int i = 0; i < K; i++) {
+            free(rows[i]);
+            free_batch(&bb[i]);
+        }
+        ple_close(h);
+        size_t len = strlen(note);
+        snprintf(note + len, sizeof note - len, "%s: %d steps; ", wait_name(modes[m]), K);
+    }
+    section_result("t_two_engine_threads", f0, p0, note);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: gpu_emu_test TABLE_ROOT OUTDIR [quick]\n");
@@ -587,6 +675,7 @@ int main(int argc, char **argv) {
     test_x(&tabs[0]);
     test_q(&tabs[0]);
     test_y(&tabs[0]);
+    test_t(&tabs[0]);
     fprintf(g_json, "\n  },\n  \"passed\": %d,\n  \"failed\": %d\n}\n", g_pass, g_fail);
     fclose(g_json);
     printf("%d passed, %d failed\n", g_pass, g_fail);
