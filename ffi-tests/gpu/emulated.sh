@@ -7,7 +7,8 @@
 #   ffi-tests/gpu/emulated.sh --build               builds target/cuda-emu/libcuda.so.1 only
 #   ffi-tests/gpu/emulated.sh [LIBPLE_SO] [OUTDIR]  builds it and the GPU programs, then runs
 #       gpu_emu_test (its full matrix; then shorter under CUDA_DEVICE_MAX_CONNECTIONS=1 and
-#       under PLE_EMU_STREAM_MEM_OPS=0), gpu_test, gpu_robust and gpu_bench against it with
+#       under PLE_EMU_STREAM_MEM_OPS=0), the Python package's dequant_fuse (emulated_python.py),
+#       gpu_test, gpu_robust and gpu_bench against it with
 #       target/cuda-emu first on LD_LIBRARY_PATH (libple's dlopen("libcuda.so.1") finds the
 #       emulator there, and only there). Results land in OUTDIR (default target/gpu-emu-out).
 #       Every figure they print is the emulator's (CPU) timing, not a device's.
@@ -95,6 +96,14 @@ run gpu_emu_test_one_queue 120 CUDA_DEVICE_MAX_CONNECTIONS=1 "$work/bin/gpu_emu_
 # the GB10 case: no 64-bit stream memory operations (AUTO picks the spin kernel)
 run gpu_emu_test_no_memops 120 PLE_EMU_STREAM_MEM_OPS=0 "$work/bin/gpu_emu_test" \
     "$work/tables-emu" "$out/no-memops" quick
+# the Python package's dequant_fuse (numpy + ml_dtypes from the kernel-tools venv, as check-local.sh)
+venv="${PLE_KERNEL_VENV:-$tdir/kernel-tools}"
+if ! "$venv/bin/python" -c 'import numpy, ml_dtypes' 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "ml_dtypes==0.5.4" "numpy<3"
+fi
+run python_dequant_fuse 120 PYTHONPATH="$root/python/src" PLE_LIBRARY="$work/lib/libple.so" \
+    "$venv/bin/python" "$here/emulated_python.py" "$work/tables-emu/nvfp4"
 run gpu_test 240 "$work/bin/gpu_test" "$work/tables-test" "$out"
 run gpu_robust 180 "$work/bin/gpu_robust" "$work/tables-robust" "$out"
 run gpu_bench 180 PLE_GPU_BENCH_REPS=3 "$work/bin/gpu_bench" "$work/tables-bench" "$out"
