@@ -155,20 +155,41 @@ static_assert(sizeof(SetParams) == 24, "SetParams layout");
 /* small helpers                                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
+/*
+ * Every inline PTX instruction, one macro each. A host build of this file (the emulated driver's
+ * kernels, ffi-tests/gpu/emu/host_kernels.cpp) defines PLE_HOST_SHIM and host equivalents of
+ * these macros (ffi-tests/gpu/emu/kernel_shim.h); NVRTC compiles the PTX below.
+ */
+#ifndef PLE_HOST_SHIM
+#define PTX_LD_ACQUIRE_SYS_U64(v, a) asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(a) : "memory")
+#define PTX_GLOBALTIMER(t) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t))
+#define PTX_NANOSLEEP(ns) asm volatile("nanosleep.u32 %0;" ::"r"(ns))
+#define PTX_LD_CV_U8(v, p) asm volatile("ld.global.cv.u8 %0, [%1];" : "=r"(v) : "l"(p))
+#define PTX_LD_CV_U16(v, p) asm volatile("ld.global.cv.u16 %0, [%1];" : "=r"(v) : "l"(p))
+#define PTX_LD_CV_V2(v, p) asm volatile("ld.global.cv.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p))
+#define PTX_LD_CV_V4(v, p)                                                                         \
+    asm volatile("ld.global.cv.v4.u32 {%0, %1, %2, %3}, [%4];"                                     \
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                                      \
+                 : "l"(p))
+#define PTX_CVT_RN_F16_F32(h, f) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f))
+#define PTX_CVT_RN_BF16_F32(h, f) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f))
+#define PTX_CVT_F32_F16(f, h) asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h))
+#endif
+
 static __device__ __forceinline__ u64 ld_acquire_sys(u64 addr) {
     u64 v;
-    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(addr) : "memory");
+    PTX_LD_ACQUIRE_SYS_U64(v, addr);
     return v;
 }
 
 static __device__ __forceinline__ u64 global_timer_ns() {
     u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    PTX_GLOBALTIMER(t);
     return t;
 }
 
 static __device__ __forceinline__ void sleep_ns(u32 ns) {
-    asm volatile("nanosleep.u32 %0;" ::"r"(ns));
+    PTX_NANOSLEEP(ns);
 }
 
 static __device__ __forceinline__ u32 closing(u64 ctrl) {
@@ -234,30 +255,28 @@ static __device__ u32 check_step(const WaitParams &p, u64 expected, u32 *n) {
 static __device__ __forceinline__ u32 ld_u8(const u8 *p, bool zc) {
     if (!zc) return *p;
     u32 v;
-    asm volatile("ld.global.cv.u8 %0, [%1];" : "=r"(v) : "l"(p));
+    PTX_LD_CV_U8(v, p);
     return v;
 }
 
 static __device__ __forceinline__ u32 ld_u16(const u16 *p, bool zc) {
     if (!zc) return *p;
     u32 v;
-    asm volatile("ld.global.cv.u16 %0, [%1];" : "=r"(v) : "l"(p));
+    PTX_LD_CV_U16(v, p);
     return v;
 }
 
 static __device__ __forceinline__ uint2 ld_v2(const u8 *p, bool zc) {
     if (!zc) return *(const uint2 *)p;
     uint2 v;
-    asm volatile("ld.global.cv.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    PTX_LD_CV_V2(v, p);
     return v;
 }
 
 static __device__ __forceinline__ uint4 ld_v4(const u8 *p, bool zc) {
     if (!zc) return *(const uint4 *)p;
     uint4 v;
-    asm volatile("ld.global.cv.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    PTX_LD_CV_V4(v, p);
     return v;
 }
 
@@ -293,21 +312,21 @@ static __device__ __forceinline__ u32 to_f32_bits(float v) {
 static __device__ __forceinline__ u16 to_f16_bits(float v) {
     if (is_nan(v)) return 0x7E00;
     u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    PTX_CVT_RN_F16_F32(h, v);
     return h;
 }
 
 static __device__ __forceinline__ u16 to_bf16_bits(float v) {
     if (is_nan(v)) return 0x7FC0;
     u16 h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    PTX_CVT_RN_BF16_F32(h, v);
     return h;
 }
 
 static __device__ __forceinline__ float f16_bits_to_f32(u32 h) {
     float f;
     u16 x = (u16)h;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    PTX_CVT_F32_F16(f, x);
     return f;
 }
 

@@ -90,6 +90,9 @@ g++ -std=c++17 -Wall -Wextra -Werror -I"$prefix/include" -I"$site/nvidia/cuda_ru
     -Wl,-rpath,"$prefix/lib:$site/nvidia/cuda_runtime/lib"
 "$work/cuda_engine" "$work/examples/example-table"
 
+step "GPU path on the emulated CUDA driver (a test double in target/cuda-emu): libple's kernels built for the CPU, gpu_emu_test, gpu_test, gpu_robust, gpu_bench"
+ffi-tests/gpu/emulated.sh "$so" "${CARGO_TARGET_DIR:-target}/gpu-emu-out"
+
 step "C tests under valgrind (ctest -L valgrind)"
 ctest --test-dir "$work/ffi" --output-on-failure -L valgrind
 

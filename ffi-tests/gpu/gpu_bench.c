@@ -14,6 +14,7 @@
  *    tokens), per wait mode and for a CUDA Graph replay; with the host time blocked inside
  *    ple_dequant_fuse (and so in the host wait) per step (the goal in device-wait modes: 0).
  * Usage: gpu_bench TABLE_ROOT OUTDIR
+ * PLE_GPU_BENCH_REPS=N caps every repetition count at N (the emulated run: CPU time per kernel).
  */
 #include <cuda.h>
 
@@ -54,13 +55,20 @@ static double ev_ms(CUevent a, CUevent b) {
     return ms;
 }
 
+/* `dflt` repetitions, or fewer under PLE_GPU_BENCH_REPS */
+static int reps_of(int dflt) {
+    const char *v = getenv("PLE_GPU_BENCH_REPS");
+    int cap = v ? atoi(v) : 0;
+    return cap > 0 && cap < dflt ? cap : dflt;
+}
+
 static int token_bytes(int fmt) { return 16 * row_bytes_of(fmt == 1 ? "nvfp4" : fmt == 2 ? "fp8" : "bf16"); }
 
 static void bench_kernel(const char *root) {
     const char *fmts[3] = {"nvfp4", "fp8", "bf16"};
     const int dtypes[2] = {PLE_DTYPE_F32, PLE_DTYPE_BF16};
     const uint32_t n = 8192;
-    const int reps = 15;
+    const int reps = reps_of(15);
     CUevent e0, e1;
     CU(cuEventCreate(&e0, CU_EVENT_DEFAULT));
     CU(cuEventCreate(&e1, CU_EVENT_DEFAULT));
@@ -137,7 +145,7 @@ static void bench_kernel(const char *root) {
 
 static void bench_h2d(const char *root) {
     const uint32_t n = 8192;
-    const int reps = 10;
+    const int reps = reps_of(10);
     size_t bytes = (size_t)n * 1440;
     void *pinned;
     CUdeviceptr d;
@@ -206,7 +214,7 @@ static void bench_latency(const char *root) {
     snprintf(dir, sizeof dir, "%s/nvfp4", root);
     const int modes[3] = {PLE_WAIT_HOST, PLE_WAIT_STREAM_OP, PLE_WAIT_SPIN_KERNEL};
     const uint32_t sizes[2] = {1, 2048};
-    const int reps[2] = {200, 20};
+    const int reps[2] = {reps_of(200), reps_of(20)};
     fprintf(g_json, "  \"step_latency\": [");
     int first = 1;
     for (int m = 0; m < 4; m++) {

@@ -330,9 +330,13 @@ pub fn dequant_rows(
     let one = |t: usize, o: OutRow<'_>, vals: &mut [f32; PLE_EMBED_DIM], tmp: &mut [f32]| {
         let src = &rows[t * tok_bytes..(t + 1) * tok_bytes];
         match o {
-            // f32 without accumulate: straight into the output
+            // f32 without accumulate: straight into the output, then every NaN made canonical
+            // (a bf16 row's NaN keeps its sign and payload through the widening)
             OutRow::F32(o) if !accumulate => {
                 d.token_f32(src, o.try_into().expect("2560 elements"));
+                for x in o.iter_mut() {
+                    *x = canon(*x);
+                }
             }
             o => {
                 d.token_f32(src, vals);
@@ -527,6 +531,34 @@ mod tests {
         assert_eq!(out[0].to_f32(), 1.0078125);
         assert_eq!(out[1].to_f32(), 1.0);
         assert_eq!(out[2].to_f32(), 1.0);
+    }
+
+    #[test]
+    fn every_nan_is_stored_canonical_in_every_dtype() {
+        // bf16 rows with NaNs of either sign and any payload, and fp8 rows with both e4m3 NaNs
+        let mut bf = vec![0u8; 16 * 320];
+        for (i, bits) in [0xFF97u16, 0x7F81, 0xFFC0, 0x7FFF].iter().enumerate() {
+            bf[2 * i..2 * i + 2].copy_from_slice(&bits.to_le_bytes());
+        }
+        let mut f8 = vec![0u8; 16 * 160];
+        f8[0] = 0x7F;
+        f8[1] = 0xFF;
+        for (format, rows, nans) in [(RowFormat::Bf16, &bf, 4), (RowFormat::Fp8, &f8, 2)] {
+            for accumulate in [false, true] {
+                let mut o32 = vec![0f32; 2560];
+                let mut o16 = vec![f16::ZERO; 2560];
+                let mut ob = vec![bf16::ZERO; 2560];
+                for out in [Out::F32(&mut o32), Out::F16(&mut o16), Out::Bf16(&mut ob)] {
+                    dequant_rows(format, 1.0, rows, 1, out, 2560, accumulate, None).unwrap();
+                }
+                for e in 0..nans {
+                    let what = format!("{format:?} acc {accumulate} element {e}");
+                    assert_eq!(o32[e].to_bits(), 0x7FC0_0000, "f32 {what}");
+                    assert_eq!(o16[e].to_bits(), 0x7E00, "f16 {what}");
+                    assert_eq!(ob[e].to_bits(), 0x7FC0, "bf16 {what}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -168,7 +168,7 @@ impl GpuSide {
                 "upload of step {seq} without begin_step (ring slot {slot} not confirmed free)"
             )));
         }
-        if !self.wait.zero_copy() {
+        if !self.reads_zero_copy() {
             self.copy_rows(slot, bytes, seq)?;
         }
         self.publish(slot, seq, num_tokens, false);

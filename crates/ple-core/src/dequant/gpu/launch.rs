@@ -135,11 +135,16 @@ impl GpuSide {
         if vec_ok(out, args.stride, es) {
             flags |= FLAG_VEC;
         }
-        if self.wait.zero_copy() {
+        let zero_copy = self.reads_zero_copy();
+        if zero_copy {
             flags |= FLAG_ZERO_COPY;
         }
         DequantParams {
-            rows: self.rows_dptr,
+            rows: if zero_copy {
+                self.staging_dptr
+            } else {
+                self.rows_dptr
+            },
             slot_stride: self.slot_stride as u64,
             ctrl: self.ctrl_dptr,
             dctrl: self.dev_mem,

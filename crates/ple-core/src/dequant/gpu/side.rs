@@ -135,6 +135,9 @@ impl GpuSide {
             "cuDevicePrimaryCtxRetain",
         )?;
         let _c = CtxGuard::push(g.ctx)?;
+        // Relaxed: loading the module and allocating are calls a global-mode capture on any
+        // thread forbids; refused, they would fail the open and invalidate the engine's capture.
+        let _m = RelaxedCapture::enter()?;
         g.query_device(cfg, drv)?;
         g.load_module(drv)?;
         g.allocate()?;
@@ -400,6 +403,16 @@ impl GpuSide {
     /// The last step published.
     pub fn published_seq(&self) -> u64 {
         self.published.load(Ordering::Acquire)
+    }
+
+    /// Whether kernels read the rows from the mapped staging (`ld.global.cv`), with no H2D copy:
+    /// in the device-wait modes, and in CUDA Graph mode (from `graph_prepare` on, whatever the
+    /// wait mode) — a replay's spinning gate must never wait for a copy on libple's stream,
+    /// which may sit behind it in the same hardware queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`) and
+    /// so never run. The staging holds every published step's rows in all modes, so a step
+    /// copied before graph mode began is read correctly either way.
+    pub(super) fn reads_zero_copy(&self) -> bool {
+        self.wait.zero_copy() || self.graph_base.load(Ordering::Acquire) != 0
     }
 
     pub(super) fn ctrl_u64(&self, off: usize) -> &AtomicU64 {
