@@ -114,5 +114,13 @@ env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv/bin/python" examples/python/v
   "$work/examples/example-table" >/dev/null
 echo "examples/python/vllm_style.py ran on the CPU"
 
+step "torch.distributed: head shards all-reduced over gloo (N = 2, 4) equal one unsharded handle bit for bit"
+venv_py=$(scripts/torch-venv.sh)
+"$venv_py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$work"/wheels/ple-*.whl
+for n in 2 4; do
+  env -i PATH=/usr/bin:/bin HOME="$work" "$venv_py" examples/python/tp_allreduce.py \
+    "$work/examples/example-table" "$n"
+done
+
 echo
 echo "all test stages passed"
