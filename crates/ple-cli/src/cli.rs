@@ -379,6 +379,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if a.steady.steady {
         return crate::steady::run(&a);
     }
+    if a.steady.shard.is_some() {
+        return ple_core::invalid!("--shard runs with --steady (the serving workload)");
+    }
     crate::bench::run(&a)
 }
 
