@@ -871,7 +871,8 @@ ple_status ple_submit(struct ple_handle *handle, const struct ple_batch *batch, 
 ple_status ple_wait(const struct ple_handle *handle, uint64_t seq, uint64_t timeout_us);
 
 /**
- * Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]`, valid
+ * Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]` (a head
+ * shard's handle: `[*num_tokens][ple_info.shard_heads][row_bytes]`, its heads in order), valid
  * until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first,
  * up to the handle's `wait_timeout_us`. Does not consume the step.
  *

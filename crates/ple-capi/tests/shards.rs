@@ -301,3 +301,62 @@ fn bad_shards_are_invalid_arguments_and_older_callers_get_the_whole_table() {
     let i = info(&h);
     assert_eq!((i.shard_first_head, i.shard_heads), (12, 4));
 }
+
+#[test]
+fn ple_pack_writes_a_shard_table_and_older_callers_the_whole() {
+    let d = tempfile::tempdir().unwrap();
+    let ck = d.path().join("ck");
+    let spec = ple_testkit::synth::CheckpointSpec::new(ple_core::model::RowFormat::Fp8, 700, 4, 9);
+    let ck_info = ple_testkit::synth::write_checkpoint(&ck, &spec).unwrap();
+    let ckc = CString::new(ck.to_str().unwrap()).unwrap();
+    let pack = |name: &str,
+                f: &dyn Fn(&mut ple_pack_options)|
+     -> (ple_status, std::path::PathBuf) {
+        // SAFETY: ple_pack_options is plain data; all-zero is valid before the default fills it.
+        let mut o: ple_pack_options = unsafe { std::mem::zeroed() };
+        // SAFETY: `o` is writable.
+        assert_eq!(unsafe { ple_pack_options_default(&mut o) }, PLE_OK);
+        assert_eq!((o.shard_count, o.shard_index), (1, 0));
+        f(&mut o);
+        let out = d.path().join(name);
+        let outc = CString::new(out.to_str().unwrap()).unwrap();
+        // SAFETY: the paths and options are valid for the call; no progress callback.
+        let s = unsafe { ple_pack(ckc.as_ptr(), outc.as_ptr(), &o, None, std::ptr::null_mut()) };
+        (s, out)
+    };
+    let (s, out) = pack("s2of3", &|o| {
+        o.shard_count = 3;
+        o.shard_index = 2;
+    });
+    assert_eq!(s, PLE_OK, "{}", last_error());
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("table.json")).unwrap()).unwrap();
+    assert_eq!(meta["shard"]["first_head"], 10);
+    let rows_len = std::fs::metadata(out.join("table.rows")).unwrap().len();
+    let first = meta["shard"]["first_row"].as_u64().unwrap();
+    assert_eq!(
+        rows_len,
+        ck_info.table_bytes - first * 160,
+        "the last shard: to the end"
+    );
+    // opened through the C API as its shard only
+    let dir = CString::new(out.to_str().unwrap()).unwrap();
+    assert_eq!(info(&open(&dir, 3, 2)).shard_first_head, 10);
+    let (s, m) = open_with(&dir, &options(3, 1)).err().expect("refused");
+    assert_eq!(s, PLE_E_FORMAT);
+    assert!(m.contains("shard 2/3") && m.contains("shard 1/3"), "{m}");
+    // bad shard options: refused before anything is written
+    let (s, out) = pack("bad", &|o| o.shard_count = 0);
+    assert_eq!(s, PLE_E_INVALID_ARGUMENT);
+    assert!(last_error().contains("shard_count"), "{}", last_error());
+    assert!(!out.join("table.json").exists());
+    // a caller compiled before the shard fields: the whole table, whatever lies past its struct
+    let (s, out) = pack("old", &|o| {
+        o.struct_size = std::mem::offset_of!(ple_pack_options, shard_count);
+        o.shard_count = 5;
+        o.shard_index = 4;
+    });
+    assert_eq!(s, PLE_OK, "{}", last_error());
+    let rows_len = std::fs::metadata(out.join("table.rows")).unwrap().len();
+    assert_eq!(rows_len, ck_info.table_bytes);
+}

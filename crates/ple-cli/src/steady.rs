@@ -80,6 +80,10 @@ pub struct SteadyArgs {
     /// rank's rows, reads and KiB per token beside the whole table's (1/N expected).
     #[arg(long, value_name = "K/N", value_parser = crate::cli::parse_shard)]
     pub shard: Option<ple_core::shard::Shard>,
+    /// With --shard: the rank's run only, not the whole table's after it (several ranks at once,
+    /// `scripts/bench-tp-procs.sh`).
+    #[arg(long, requires = "shard")]
+    pub no_whole: bool,
 }
 
 /// Parses `auto`, `mmap`, `direct`.

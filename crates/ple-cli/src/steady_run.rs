@@ -22,6 +22,8 @@ struct Figures {
     hits: u64,
     misses: u64,
     storage_bytes: u64,
+    /// Requests sent to storage (`Counters::storage_reads`).
+    storage_reads: u64,
     major_faults: u64,
     /// Storage a direct read of each miss would move (`--sector` aligned).
     direct_bytes: u64,
@@ -71,6 +73,7 @@ impl Figures {
             "step": self.step, "steps": self.steps, "tokens": self.tokens,
             "hit_rate": self.hit_rate(), "cache_hits": self.hits, "cache_misses": self.misses,
             "storage_kib_per_token": self.per_token(self.storage_bytes),
+            "storage_reads_per_token": self.storage_reads as f64 / self.tokens.max(1) as f64,
             "direct_kib_per_token": self.per_token(self.direct_bytes),
             "major_faults_per_step": self.major_faults as f64 / self.steps.max(1) as f64,
             "misses_per_step": self.misses as f64 / self.steps.max(1) as f64,
@@ -222,6 +225,7 @@ fn figures(
         hits: b.cache_hits - a.cache_hits,
         misses: b.cache_misses - a.cache_misses,
         storage_bytes: b.storage_read_bytes - a.storage_read_bytes,
+        storage_reads: b.storage_reads - a.storage_reads,
         major_faults: b.major_faults - a.major_faults,
         direct_bytes: n.3,
         p50_us: pct(lat, 50.0),
@@ -350,7 +354,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     } else {
         hit_path(&p, &wl, a, &opts)?
     };
-    let shard = if s.replay_only || opts.shard.is_whole() {
+    let shard = if s.replay_only || opts.shard.is_whole() || s.no_whole {
         Value::Null
     } else {
         let rank = PerToken::of(&c_start, &p.counters(), tokens_all);
