@@ -295,6 +295,11 @@ def test_head_shards_sum_to_the_whole_and_pack_a_shard_table(tmp_path, table, ta
     with pytest.raises(ple.PleError) as e:
         ple.Table(out)
     assert e.value.name == "PLE_E_FORMAT" and "shard 1/2" in e.value.message and "the whole table" in e.value.message
+    # `python -m ple inspect` and `ple inspect` describe it alike
+    line = f"head shard:   1/2: heads 8..16, the whole table's rows {meta['shard']['first_row']}.."
+    for cmd in ([sys.executable, "-m", "ple"], [_ple_bin()]):
+        txt = subprocess.run([*cmd, "inspect", out], check=True, capture_output=True, text=True).stdout
+        assert line in txt, txt
 
 
 def test_python_m_ple_mirrors_the_cli(table_dir):

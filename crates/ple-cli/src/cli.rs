@@ -283,6 +283,18 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         "rows:         {} ({} shards × {}), {} addressed by the hash",
         m.total_rows, m.num_shards, m.rows_per_shard, info.addressed_rows
     );
+    if let Some(s) = &m.shard {
+        println!(
+            "head shard:   {}/{}: heads {}..{}, the whole table's rows {}..{} (of {})",
+            s.index,
+            s.count,
+            s.first_head,
+            s.first_head + s.heads,
+            s.first_row,
+            s.first_row + m.total_rows,
+            s.whole_total_rows
+        );
+    }
     println!(
         "heads:        {} × {} elements, ngram_size {}, {} heads per order",
         m.num_heads, m.head_dim, m.ngram_size, m.heads_per_ngram

@@ -205,6 +205,17 @@ fn the_cli_packs_a_shard_and_refuses_bad_ones() {
     assert!(stdout.contains("(shard 2/4)"), "{stdout}");
     let s = open(&out).unwrap().meta().shard.clone().unwrap();
     assert_eq!((s.index, s.count, s.first_head, s.heads), (2, 4, 8, 4));
+    let o = Command::new(PLE)
+        .args(["inspect", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}");
+    let want = format!(
+        "head shard:   2/4: heads 8..12, the whole table's rows {}..",
+        s.first_row
+    );
+    assert!(text.contains(&want), "{text}");
     for bad in ["4/4", "0/17", "1", "a/b", "0/0"] {
         let o = Command::new(PLE)
             .args([
