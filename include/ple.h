@@ -242,6 +242,24 @@ typedef struct ple_options {
    * compiled without it get AUTO through `struct_size`).
    */
   ple_io_mode io_mode;
+  /**
+   * Head shards (tensor/data-parallel ranks; appended in 0.1.x, callers compiled without them
+   * get the whole table): the handle serves shard `shard_index` of `shard_count` (1..=16,
+   * default 1 = the whole table), the contiguous heads `[shard_index·16/shard_count,
+   * (shard_index+1)·16/shard_count)` (`ple_info.shard_first_head`, `.shard_heads`). It hashes,
+   * reads, caches and counts only those heads' rows; `ple_packed_rows` gives
+   * `[tokens][shard_heads][row_bytes]`; `ple_dequant_*` write the whole `[tokens][2560]` row
+   * with -0.0 in the other heads' columns (`PLE_FUSE_ACCUMULATE`: nothing added there; -0.0
+   * because `x + -0.0 == x` for every `x`, +0.0 included), so the sum of all shards' outputs
+   * (an all-reduce, in any order) is the whole table's output bit for bit. A
+   * whole table opens as any shard; a shard table (`ple pack --shard`) only as its own shard
+   * (else `PLE_E_FORMAT`). Out of range: `PLE_E_INVALID_ARGUMENT`.
+   */
+  uint32_t shard_count;
+  /**
+   * The shard this handle serves, `0..shard_count` (default 0).
+   */
+  uint32_t shard_index;
 } ple_options;
 
 /**
@@ -325,6 +343,16 @@ typedef struct ple_info {
    * cache). Appended in 0.1.x.
    */
   uint64_t cache_bytes;
+  /**
+   * The head shard served (`options.shard_index` of `.shard_count`; 0 of 1 = the whole table)
+   * and its heads `[shard_first_head, shard_first_head + shard_heads)`: the rows per token of
+   * `ple_packed_rows`. `total_rows` and `file_size` are the open file's (a shard table's own).
+   * Appended in 0.1.x.
+   */
+  uint32_t shard_index;
+  uint32_t shard_count;
+  uint32_t shard_first_head;
+  uint32_t shard_heads;
 } ple_info;
 
 /**
@@ -524,6 +552,16 @@ typedef struct ple_pack_options {
    * Bytes per write buffer (default 8 MiB; bounds the packer's memory).
    */
   uint64_t buffer_bytes;
+  /**
+   * Write a shard table: only the rows of heads shard `shard_index` of `shard_count` serves
+   * (default 1 = the whole table; see `ple_options.shard_count`). The shards' files add up
+   * to the whole table's. Appended in 0.1.x.
+   */
+  uint32_t shard_count;
+  /**
+   * The shard to write, `0..shard_count` (default 0).
+   */
+  uint32_t shard_index;
 } ple_pack_options;
 
 /**
@@ -833,7 +871,8 @@ ple_status ple_submit(struct ple_handle *handle, const struct ple_batch *batch, 
 ple_status ple_wait(const struct ple_handle *handle, uint64_t seq, uint64_t timeout_us);
 
 /**
- * Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]`, valid
+ * Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]` (a head
+ * shard's handle: `[*num_tokens][ple_info.shard_heads][row_bytes]`, its heads in order), valid
  * until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first,
  * up to the handle's `wait_timeout_us`. Does not consume the step.
  *

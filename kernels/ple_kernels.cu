@@ -24,7 +24,8 @@
  *               failed}, written before done.
  * Device control block `dctrl`: dev_seq (u64 at DEV_SEQ, graph mode: the step the next replay
  * consumes), claim (u32 at DEV_CLAIM, the error epoch last claimed), gates[s] (Gate at DEV_GATES).
- * Rows of slot s at rows + s * slot_stride ([num_tokens][16][row_bytes]): the mapped pinned
+ * Rows of slot s at rows + s * slot_stride ([num_tokens][heads][row_bytes], heads = 16 but for
+ * a head shard): the mapped pinned
  * staging itself in device-wait modes (zero-copy, read with ld.global.cv: fetched from host
  * memory on every read, never from a stale cached line), device memory after an H2D copy in host
  * wait mode.
@@ -129,7 +130,8 @@ struct DequantParams {
     int dtype;
     u32 flags;
     float scale; /* global scale (unused for bf16 rows) */
-    u32 reserved;
+    u16 first_head; /* the step's rows are heads [first_head, first_head + heads), */
+    u16 heads;      /* heads rows per token; other heads' columns: -0 (accumulate: untouched) */
 };
 
 struct AdvanceParams {
@@ -477,13 +479,21 @@ static __device__ void dequant_body(const DequantParams &p, u64 expected, u32 n)
     bool vec = (p.flags & FLAG_VEC) != 0;
     bool zc = (p.flags & FLAG_ZERO_COPY) != 0;
     u32 elem = DT == DT_F32 ? 4u : 2u;
+    u32 lo = (u32)p.first_head * PLE_HEAD_DIM, hi = lo + (u32)p.heads * PLE_HEAD_DIM;
+    u64 tok_bytes = (u64)(Fmt<FMT>::TOKEN_BYTES / 16u) * p.heads; /* a head shard's rows */
     u64 total = (u64)n * ITEMS_PER_TOKEN;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
         u32 tok = (u32)(i / ITEMS_PER_TOKEN);
         u32 e0 = (u32)(i - (u64)tok * ITEMS_PER_TOKEN) * 8u;
         float v[8];
-        Fmt<FMT>::decode(rows + (u64)tok * Fmt<FMT>::TOKEN_BYTES, e0, p.scale, v, zc);
+        if (e0 < lo || e0 >= hi) { /* another shard's heads: -0 (x + -0 == x), or nothing */
+            if (acc) continue;
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = -0.0f;
+        } else {
+            Fmt<FMT>::decode(rows + (u64)tok * tok_bytes, e0 - lo, p.scale, v, zc);
+        }
         Out<DT>::store(p.out + (u64)tok * p.out_stride * elem, e0, v, acc, vec);
     }
 }

@@ -7,7 +7,10 @@
  *  (c) every wait mode, the spin kernel forced also where stream memory operations exist;
  *  (d) CUDA Graph: capture once, 100 replays of fresh steps, each checked; a step over the
  *      captured capacity raises a device error and fills NaN; ple_dequant_fuse refuses capture;
- *  (e) a device wait that times out is reported as an error and fills NaN, not a hang.
+ *  (e) a device wait that times out is reported as an error and fills NaN, not a hang;
+ *  (f) head shards (ple_options.shard_count/shard_index): each shard's kernel output equals its
+ *      CPU dequant bit for bit, holds the whole handle's values in its heads' columns and -0.0
+ *      elsewhere; accumulating every shard into one buffer equals the whole accumulate.
  * Robustness (engine copies, close under load, VMM buffers, re-prepare) is gpu_robust.c.
  * Usage: gpu_test TABLE_ROOT OUTDIR   (writes OUTDIR/gpu_test.json; exit 0 iff every check passed)
  */
@@ -341,6 +344,111 @@ static void test_e(table_t *t) {
     section_result("e_timeout", f0, p0, note);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* (f) head shards: kernel vs CPU per shard, columns, and the accumulate of all shards        */
+/* ---------------------------------------------------------------------------------------- */
+
+static ple_status open_shard(const char *dir, uint32_t count, uint32_t index, ple_handle **h) {
+    ple_options o;
+    ple_options_default(&o);
+    o.cuda_device = 0;
+    o.max_tokens_per_step = 256;
+    o.max_in_flight = 4;
+    o.shard_count = count;
+    o.shard_index = index;
+    return ple_open(dir, &o, h);
+}
+
+static void test_f(table_t tabs[3]) {
+    int p0 = g_pass, f0 = g_fail;
+    rng_t r = {4242};
+    const uint32_t counts[3] = {3, 5, 16};
+    for (int ti = 0; ti < 3; ti++) {
+        table_t *t = &tabs[ti];
+        ple_handle *whole = NULL;
+        if (PLE_OK_OR_FAIL(open_shard(t->dir, 1, 0, &whole)) != PLE_OK) continue;
+        for (int ci = 0; ci < 3; ci++) {
+            uint32_t count = counts[ci];
+            ple_handle *sh[16] = {0};
+            int opened = 1;
+            for (uint32_t k = 0; k < count; k++)
+                opened &= PLE_OK_OR_FAIL(open_shard(t->dir, count, k, &sh[k])) == PLE_OK;
+            for (int dtype = 0; dtype < 3 && opened; dtype++) {
+                uint32_t n = 29;
+                int es = dtype_size(dtype);
+                batch_buf bb;
+                make_batch(&bb, &r, n, 3, 20000 + g_seq);
+                uint64_t seq = ++g_seq, twin = ++g_seq, acc = ++g_seq;
+                outbuf w, wacc, all;
+                out_alloc(&w, &r, n, 2560, dtype);
+                out_alloc(&wacc, &r, n, 2560, dtype);
+                out_alloc(&all, &r, n, 2560, dtype);
+                memcpy(all.init, wacc.init, all.bytes);
+                CU(cuMemcpyHtoD(all.d, all.init, all.bytes));
+                PLE_OK_OR_FAIL(ple_submit(whole, &bb.b, seq));
+                PLE_OK_OR_FAIL(ple_submit(whole, &bb.b, acc));
+                CHECK(fuse(whole, seq, w.d, dtype, 2560, 0) == PLE_OK, "whole fuse: %s",
+                      ple_last_error_message());
+                CHECK(fuse(whole, acc, wacc.d, dtype, 2560, PLE_FUSE_ACCUMULATE) == PLE_OK,
+                      "whole accumulate: %s", ple_last_error_message());
+                CU(cuStreamSynchronize(g_s));
+                out_fetch(&w);
+                out_fetch(&wacc);
+                for (uint32_t k = 0; k < count; k++) {
+                    ple_info info;
+                    memset(&info, 0, sizeof info);
+                    info.struct_size = sizeof info;
+                    PLE_OK_OR_FAIL(ple_table_info(sh[k], &info));
+                    uint32_t h0 = info.shard_first_head, h1 = h0 + info.shard_heads;
+                    outbuf o;
+                    out_alloc(&o, &r, n, 2560, dtype);
+                    PLE_OK_OR_FAIL(ple_submit(sh[k], &bb.b, seq));
+                    PLE_OK_OR_FAIL(ple_submit(sh[k], &bb.b, twin));
+                    PLE_OK_OR_FAIL(ple_submit(sh[k], &bb.b, acc));
+                    CHECK(fuse(sh[k], seq, o.d, dtype, 2560, 0) == PLE_OK, "shard fuse: %s",
+                          ple_last_error_message());
+                    CHECK(fuse(sh[k], acc, all.d, dtype, 2560, PLE_FUSE_ACCUMULATE) == PLE_OK,
+                          "shard accumulate: %s", ple_last_error_message());
+                    uint8_t *cpu = malloc(o.bytes);
+                    memcpy(cpu, o.init, o.bytes);
+                    PLE_OK_OR_FAIL(ple_dequant_cpu(sh[k], twin, cpu, dtype, 2560, 0));
+                    CU(cuStreamSynchronize(g_s));
+                    out_fetch(&o);
+                    CHECK(!memcmp(cpu, o.host, o.bytes), "fmt %d %s shard %u/%u: GPU vs CPU",
+                          t->format, dtype_name(dtype), k, count);
+                    size_t bad = 0;
+                    for (uint32_t tok = 0; tok < n; tok++)
+                        for (uint32_t e = 0; e < 2560; e++) {
+                            size_t at = ((size_t)tok * 2560 + e) * (size_t)es;
+                            int mine = e / 160 >= h0 && e / 160 < h1;
+                            uint32_t neg0 = es == 4 ? 0x80000000u : 0x8000u, v = 0;
+                            memcpy(&v, o.host + at, (size_t)es);
+                            bad += mine ? memcmp(o.host + at, w.host + at, (size_t)es) != 0
+                                        : v != neg0;
+                        }
+                    CHECK(bad == 0, "fmt %d %s shard %u/%u: %zu elements not the whole's / -0.0",
+                          t->format, dtype_name(dtype), k, count, bad);
+                    free(cpu);
+                    out_free(&o);
+                }
+                CU(cuStreamSynchronize(g_s));
+                out_fetch(&all);
+                CHECK(!memcmp(all.host, wacc.host, all.bytes),
+                      "fmt %d %s: accumulating %u shards differs from the whole accumulate",
+                      t->format, dtype_name(dtype), count);
+                out_free(&w);
+                out_free(&wacc);
+                out_free(&all);
+                free_batch(&bb);
+            }
+            for (uint32_t k = 0; k < count; k++) ple_close(sh[k]);
+        }
+        PLE_OK_OR_FAIL(ple_check_device(whole));
+        ple_close(whole);
+    }
+    section_result("f_head_shards", f0, p0, "3 formats x shard counts 3, 5, 16 x 3 dtypes");
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: gpu_test TABLE_ROOT OUTDIR\n");
@@ -376,6 +484,7 @@ int main(int argc, char **argv) {
     test_c(&tabs[0]);
     test_d(&tabs[0]);
     test_e(&tabs[0]);
+    test_f(tabs);
 
     fprintf(g_json, "\n  },\n  \"passed\": %d,\n  \"failed\": %d\n}\n", g_pass, g_fail);
     fclose(g_json);

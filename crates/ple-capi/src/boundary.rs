@@ -136,7 +136,9 @@ pub(crate) unsafe fn path_arg(p: *const c_char, what: &str) -> Result<PathBuf> {
 }
 
 /// Copies a caller's versioned struct (first field `struct_size`) over `dst`, which holds the
-/// defaults: fields the caller's older struct lacks keep their defaults.
+/// defaults: fields the caller's older struct lacks keep their defaults. Returns the caller's
+/// `struct_size` (a field that starts in an older struct's tail padding was copied from that
+/// padding: callers reset such fields when the size does not cover them).
 ///
 /// # Safety
 /// `src` is NULL or points to at least `struct_size` readable bytes whose first field is a
@@ -146,7 +148,7 @@ pub(crate) unsafe fn read_versioned<T: Copy>(
     dst: &mut T,
     min_size: usize,
     what: &str,
-) -> Result<()> {
+) -> Result<usize> {
     nonnull(src, what)?;
     // SAFETY: non-NULL, and its first field is the usize struct_size (caller's contract).
     let size = unsafe { (src as *const usize).read_unaligned() };
@@ -162,7 +164,7 @@ pub(crate) unsafe fn read_versioned<T: Copy>(
     // keep our own size so later reads see all fields
     // SAFETY: dst is a valid T whose first field is the usize struct_size.
     unsafe { *(dst as *mut T as *mut usize) = full };
-    Ok(())
+    Ok(size)
 }
 
 /// Copies a result struct into a caller's versioned struct, up to the size the caller declares.

@@ -107,7 +107,13 @@ pub unsafe extern "C" fn ple_open(
             // shorter size of libple 0.1.0's struct; later fields keep their defaults
             let min = std::mem::offset_of!(ple_options, cache_bytes);
             // SAFETY: as above.
-            unsafe { read_versioned(options, &mut c, min, "options")? };
+            let size = unsafe { read_versioned(options, &mut c, min, "options")? };
+            // shard_count starts in the tail padding of the struct before it: a caller's struct
+            // has the shard fields only if it holds both
+            if size < std::mem::offset_of!(ple_options, shard_index) + size_of::<u32>() {
+                c.shard_count = 1;
+                c.shard_index = 0;
+            }
         }
         // SAFETY: the path fields of `c` are NULL or NUL-terminated (this function's contract).
         let opts = unsafe { crate::types::options_from_c(&c)? };

@@ -43,7 +43,8 @@ pub unsafe extern "C" fn ple_pack(
         let mut c =
             crate::types::pack_options_to_c(&ple_core::format::pack::PackOptions::default());
         if !options.is_null() {
-            let min = std::mem::size_of::<ple_pack_options>();
+            // callers built before the shard fields pass the shorter size of 0.1.0's struct
+            let min = std::mem::offset_of!(ple_pack_options, shard_count);
             // SAFETY: as above.
             unsafe { read_versioned(options, &mut c, min, "options")? };
         }

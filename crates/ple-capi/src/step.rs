@@ -104,7 +104,8 @@ pub unsafe extern "C" fn ple_wait(
     })
 }
 
-/// Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]`, valid
+/// Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]` (a head
+/// shard's handle: `[*num_tokens][ple_info.shard_heads][row_bytes]`, its heads in order), valid
 /// until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first,
 /// up to the handle's `wait_timeout_us`. Does not consume the step.
 ///

@@ -7,6 +7,7 @@ use ple_core::format::table::TableInfo;
 use ple_core::invalid;
 use ple_core::io::direct::Backend;
 use ple_core::model::RowFormat;
+use ple_core::shard::Shard;
 use ple_core::stats::Counters;
 use ple_core::step::IoInfo;
 use ple_core::step::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
@@ -164,6 +165,20 @@ pub struct ple_options {
     /// `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
     /// compiled without it get AUTO through `struct_size`).
     pub io_mode: ple_io_mode,
+    /// Head shards (tensor/data-parallel ranks; appended in 0.1.x, callers compiled without them
+    /// get the whole table): the handle serves shard `shard_index` of `shard_count` (1..=16,
+    /// default 1 = the whole table), the contiguous heads `[shard_index·16/shard_count,
+    /// (shard_index+1)·16/shard_count)` (`ple_info.shard_first_head`, `.shard_heads`). It hashes,
+    /// reads, caches and counts only those heads' rows; `ple_packed_rows` gives
+    /// `[tokens][shard_heads][row_bytes]`; `ple_dequant_*` write the whole `[tokens][2560]` row
+    /// with -0.0 in the other heads' columns (`PLE_FUSE_ACCUMULATE`: nothing added there; -0.0
+    /// because `x + -0.0 == x` for every `x`, +0.0 included), so the sum of all shards' outputs
+    /// (an all-reduce, in any order) is the whole table's output bit for bit. A
+    /// whole table opens as any shard; a shard table (`ple pack --shard`) only as its own shard
+    /// (else `PLE_E_FORMAT`). Out of range: `PLE_E_INVALID_ARGUMENT`.
+    pub shard_count: u32,
+    /// The shard this handle serves, `0..shard_count` (default 0).
+    pub shard_index: u32,
 }
 
 /// Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
@@ -176,6 +191,12 @@ pub struct ple_pack_options {
     pub force: i32,
     /// Bytes per write buffer (default 8 MiB; bounds the packer's memory).
     pub buffer_bytes: u64,
+    /// Write a shard table: only the rows of heads shard `shard_index` of `shard_count` serves
+    /// (default 1 = the whole table; see `ple_options.shard_count`). The shards' files add up
+    /// to the whole table's. Appended in 0.1.x.
+    pub shard_count: u32,
+    /// The shard to write, `0..shard_count` (default 0).
+    pub shard_index: u32,
 }
 
 /// Progress callback of `ple_pack`: bytes written so far and in all. Return 0 to go on, non-zero to
@@ -267,6 +288,14 @@ pub struct ple_table_info {
     /// Bytes of the handle's row cache (`options.cache_bytes`, `PLE_CACHE_AUTO` resolved; 0 = no
     /// cache). Appended in 0.1.x.
     pub cache_bytes: u64,
+    /// The head shard served (`options.shard_index` of `.shard_count`; 0 of 1 = the whole table)
+    /// and its heads `[shard_first_head, shard_first_head + shard_heads)`: the rows per token of
+    /// `ple_packed_rows`. `total_rows` and `file_size` are the open file's (a shard table's own).
+    /// Appended in 0.1.x.
+    pub shard_index: u32,
+    pub shard_count: u32,
+    pub shard_first_head: u32,
+    pub shard_heads: u32,
 }
 
 /// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
@@ -371,6 +400,8 @@ pub fn options_to_c(o: &OpenOptions) -> ple_options {
             IoMode::Mmap => PLE_IO_MMAP,
             IoMode::Direct => PLE_IO_DIRECT,
         },
+        shard_count: o.shard.count,
+        shard_index: o.shard.index,
     }
 }
 
@@ -424,6 +455,11 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
             PLE_IO_DIRECT => IoMode::Direct,
             v => return invalid!("options.io_mode {v} is not a PLE_IO_* value"),
         },
+        // (range-checked by `validate` below)
+        shard: Shard {
+            index: c.shard_index,
+            count: c.shard_count,
+        },
         // (not in the C struct: the core's defaults)
         ..OpenOptions::default()
     };
@@ -437,6 +473,8 @@ pub fn pack_options_to_c(o: &PackOptions) -> ple_pack_options {
         struct_size: std::mem::size_of::<ple_pack_options>(),
         force: o.force as i32,
         buffer_bytes: o.buffer_bytes as u64,
+        shard_count: o.shard.count,
+        shard_index: o.shard.index,
     }
 }
 
@@ -448,10 +486,16 @@ pub fn pack_options_from_c(c: &ple_pack_options) -> Result<PackOptions> {
             c.buffer_bytes
         );
     }
+    let shard = match Shard::new(c.shard_index, c.shard_count) {
+        Ok(s) => s,
+        Err(Error::InvalidArgument(m)) => return invalid!("options.{m}"),
+        Err(e) => return Err(e),
+    };
     Ok(PackOptions {
         force: c.force != 0,
         buffer_bytes: c.buffer_bytes as usize,
         preallocate: true,
+        shard,
     })
 }
 
@@ -516,6 +560,10 @@ pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
             Some(Backend::PreadPool) => PLE_IO_BACKEND_PREAD_POOL,
         },
         cache_bytes: io.cache_bytes,
+        shard_index: i.shard.index,
+        shard_count: i.shard.count,
+        shard_first_head: i.first_head,
+        shard_heads: i.shard_heads,
     };
     copy_c_string(&mut c.source_name, &i.source_name);
     copy_c_string(&mut c.source_fingerprint, &i.source_fingerprint);

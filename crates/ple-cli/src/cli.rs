@@ -23,6 +23,19 @@ pub struct PackArgs {
     /// Print `progress DONE TOTAL` lines on stderr instead of a progress bar (tests).
     #[arg(long, hide = true)]
     pub progress_lines: bool,
+    /// Write a shard table: only the rows of head shard K of N (e.g. `--shard 1/4`), for a rank
+    /// that opens the table with `shard_index K, shard_count N`.
+    #[arg(long, value_name = "K/N", value_parser = parse_shard)]
+    pub shard: Option<ple_core::shard::Shard>,
+}
+
+/// `K/N` → shard K of N (1 <= N <= 16, K < N).
+pub fn parse_shard(s: &str) -> std::result::Result<ple_core::shard::Shard, String> {
+    let (k, n) = s
+        .split_once('/')
+        .ok_or_else(|| format!("'{s}' is not K/N (shard K of N, e.g. 1/4)"))?;
+    let num = |x: &str| x.trim().parse::<u32>().map_err(|e| format!("'{s}': {e}"));
+    ple_core::shard::Shard::new(num(k)?, num(n)?).map_err(|e| e.to_string())
 }
 
 /// `ple inspect <table_dir> [--json]`
@@ -195,6 +208,7 @@ pub fn pack(a: PackArgs) -> Result<()> {
         force: a.force,
         buffer_bytes: a.buffer_bytes,
         preallocate: !a.no_preallocate,
+        shard: a.shard.unwrap_or_default(),
     };
     let r = pack_with_bar(&a.checkpoint_dir, &a.out_dir, &opts, a.progress_lines)?;
     let secs = r.elapsed.as_secs_f64();
@@ -203,8 +217,12 @@ pub fn pack(a: PackArgs) -> Result<()> {
     } else {
         0.0
     };
+    let shard = match opts.shard.is_whole() {
+        true => String::new(),
+        false => format!(" ({})", opts.shard.describe()),
+    };
     println!(
-        "ple pack: {} rows, {} bytes, {secs:.2} s, {mbps:.1} MB/s, reused: {} -> {}",
+        "ple pack: {} rows{shard}, {} bytes, {secs:.2} s, {mbps:.1} MB/s, reused: {} -> {}",
         r.total_rows,
         r.table_bytes,
         if r.reused { "yes" } else { "no" },
@@ -265,6 +283,18 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         "rows:         {} ({} shards × {}), {} addressed by the hash",
         m.total_rows, m.num_shards, m.rows_per_shard, info.addressed_rows
     );
+    if let Some(s) = &m.shard {
+        println!(
+            "head shard:   {}/{}: heads {}..{}, the whole table's rows {}..{} (of {})",
+            s.index,
+            s.count,
+            s.first_head,
+            s.first_head + s.heads,
+            s.first_row,
+            s.first_row + m.total_rows,
+            s.whole_total_rows
+        );
+    }
     println!(
         "heads:        {} × {} elements, ngram_size {}, {} heads per order",
         m.num_heads, m.head_dim, m.ngram_size, m.heads_per_ngram
@@ -360,6 +390,9 @@ pub fn lookup_ids(params: &ple_core::model::HashParams, tokens: &[i32]) -> Resul
 pub fn bench(a: BenchArgs) -> Result<()> {
     if a.steady.steady {
         return crate::steady::run(&a);
+    }
+    if a.steady.shard.is_some() {
+        return ple_core::invalid!("--shard runs with --steady (the serving workload)");
     }
     crate::bench::run(&a)
 }

@@ -75,6 +75,15 @@ pub struct SteadyArgs {
     /// uses a second, MMAP handle).
     #[arg(long, default_value = "auto", value_parser = parse_io_mode)]
     pub io_mode: ple_core::step::IoMode,
+    /// Run as head shard K of N (a tensor-parallel rank, e.g. `--shard 1/4`), then the same
+    /// steps on the whole table with N times the row cache (the N ranks' memory), and print the
+    /// rank's rows, reads and KiB per token beside the whole table's (1/N expected).
+    #[arg(long, value_name = "K/N", value_parser = crate::cli::parse_shard)]
+    pub shard: Option<ple_core::shard::Shard>,
+    /// With --shard: the rank's run only, not the whole table's after it (several ranks at once,
+    /// `scripts/bench-tp-procs.sh`).
+    #[arg(long, requires = "shard")]
+    pub no_whole: bool,
 }
 
 /// Parses `auto`, `mmap`, `direct`.
@@ -288,4 +297,6 @@ fn pct(v: &[u64], p: f64) -> f64 {
 mod reference;
 #[path = "steady_run.rs"]
 mod run;
+#[path = "steady_shard.rs"]
+mod shard_cmp;
 pub use run::run;

@@ -1,6 +1,7 @@
 //! The run loop of `ple bench --steady`, its report, and the all-cached step against MMAP.
 
 use super::reference::{self, Point, Replay, Tally};
+use super::shard_cmp::PerToken;
 use super::{SteadyArgs, Step, Workload, pct, rss_bytes};
 use crate::cli::BenchArgs;
 use ple_core::error::{Error, Result};
@@ -21,6 +22,8 @@ struct Figures {
     hits: u64,
     misses: u64,
     storage_bytes: u64,
+    /// Requests sent to storage (`Counters::storage_reads`).
+    storage_reads: u64,
     major_faults: u64,
     /// Storage a direct read of each miss would move (`--sector` aligned).
     direct_bytes: u64,
@@ -70,6 +73,7 @@ impl Figures {
             "step": self.step, "steps": self.steps, "tokens": self.tokens,
             "hit_rate": self.hit_rate(), "cache_hits": self.hits, "cache_misses": self.misses,
             "storage_kib_per_token": self.per_token(self.storage_bytes),
+            "storage_reads_per_token": self.storage_reads as f64 / self.tokens.max(1) as f64,
             "direct_kib_per_token": self.per_token(self.direct_bytes),
             "major_faults_per_step": self.major_faults as f64 / self.steps.max(1) as f64,
             "misses_per_step": self.misses as f64 / self.steps.max(1) as f64,
@@ -167,6 +171,16 @@ fn print_intro(a: &BenchArgs, p: &Pipeline) {
         ),
         None => println!("row cache: none (--cache-bytes 0)"),
     }
+    let info = p.table_info();
+    if !info.shard.is_whole() {
+        println!(
+            "{}: heads {}..{} ({} rows per token)",
+            info.shard.describe(),
+            info.first_head,
+            info.first_head + info.shard_heads,
+            info.shard_heads
+        );
+    }
     let io = p.io_info();
     println!(
         "I/O mode: {}{}",
@@ -211,6 +225,7 @@ fn figures(
         hits: b.cache_hits - a.cache_hits,
         misses: b.cache_misses - a.cache_misses,
         storage_bytes: b.storage_read_bytes - a.storage_read_bytes,
+        storage_reads: b.storage_reads - a.storage_reads,
         major_faults: b.major_faults - a.major_faults,
         direct_bytes: n.3,
         p50_us: pct(lat, 50.0),
@@ -229,9 +244,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         cache_bytes: if s.replay_only { 0 } else { s.cache_bytes },
         max_tokens_per_step: (s.requests + s.prefill_chunk).max(64) as u32,
         io_mode: s.io_mode,
+        shard: s.shard.unwrap_or_default(),
         ..OpenOptions::default()
     };
     let p = Pipeline::open(&a.table_dir, opts.clone())?;
+    let heads = p.heads();
     let meta = p.table().meta().clone();
     let rb = meta.row_bytes as usize;
     let mut wl = Workload::new(s, meta.hash.vocab_size, meta.hash.eos_token_id)?;
@@ -269,7 +286,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         }
         steps += 1;
         tokens += st.tokens.len() as u64;
-        let uids: Vec<u64> = ids.iter().map(|&x| x as u64).collect();
+        // (the references see the rows the handle reads: its shard's heads)
+        let uids: Vec<u64> = ids
+            .chunks(16)
+            .flat_map(|t| t[heads.clone()].iter().map(|&x| x as u64))
+            .collect();
         reps.par_iter_mut()
             .for_each(|r| r.feed(&uids, rb as u64, s.sector));
         let stop = steps >= s.steps
@@ -328,15 +349,22 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         t_start.elapsed().as_secs_f64()
     );
     let policies = print_policies(&reps, tokens_all);
-    let hit_path = if s.replay_only {
+    let hit_path = if s.replay_only || !opts.shard.is_whole() {
         Value::Null
     } else {
         hit_path(&p, &wl, a, &opts)?
     };
+    let shard = if s.replay_only || opts.shard.is_whole() || s.no_whole {
+        Value::Null
+    } else {
+        let rank = PerToken::of(&c_start, &p.counters(), tokens_all);
+        drop(p);
+        super::shard_cmp::whole_beside_shard(a, &opts, steps, rank)?
+    };
     let results = json!({
         "table_dir": a.table_dir, "cache_bytes": s.cache_bytes, "requests": s.requests,
         "intervals": rows_json, "overall": overall.json(), "policies": policies,
-        "hit_path": hit_path,
+        "hit_path": hit_path, "shard": shard,
     });
     write_outputs(a, &points, &results)
 }

@@ -93,3 +93,56 @@ fn steady_bench_replays_a_trace_and_writes_the_plot() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("trace.txt:2") && err.contains("-5"), "{err}");
 }
+
+/// `--shard K/N`: the rank reads 16/N rows per token, the whole table 16, on the same steps
+/// (JSON); without --steady the flag is refused.
+#[test]
+fn steady_bench_of_a_shard_sits_beside_the_whole_table() {
+    let d = tempfile::tempdir().unwrap();
+    let table = d.path().join("t");
+    ple_testkit::synth::write_table(
+        &table,
+        ple_core::model::RowFormat::Nvfp4,
+        &ple_testkit::synth::small_config(3000, 8),
+        2,
+    )
+    .unwrap();
+    let json = d.path().join("s.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_ple"))
+        .args([
+            "bench",
+            table.to_str().unwrap(),
+            "--steady",
+            "--shard",
+            "2/3",
+        ])
+        .args(["--requests", "8", "--steps", "40", "--prompt-tokens", "60"])
+        .args(["--cache-bytes", "64K", "--threads", "2", "--no-reference"])
+        .args(["--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("shard 2/3: heads 10..16 (6 rows per token)"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let s = &v["shard"];
+    assert_eq!(s["rank"]["rows_per_token"], 6.0);
+    assert_eq!(s["whole"]["rows_per_token"], 16.0);
+    assert_eq!(s["rank"]["tokens"], s["whole"]["tokens"], "the same steps");
+    assert_eq!(s["rank_over_whole"]["rows"], 6.0 / 16.0);
+    let hits = |x: &serde_json::Value| x["hit_rate"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&hits(&s["rank"])) && (0.0..=1.0).contains(&hits(&s["whole"])));
+    let o = Command::new(env!("CARGO_BIN_EXE_ple"))
+        .args(["bench", table.to_str().unwrap(), "--shard", "1/2"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--steady"));
+}

@@ -13,6 +13,7 @@ pub mod format;
 pub mod io;
 pub mod lookup;
 pub mod model;
+pub mod shard;
 pub mod stats;
 pub mod step;
 pub mod sys;

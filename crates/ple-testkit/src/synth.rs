@@ -180,6 +180,7 @@ fn table_meta(
         hash,
         source: SourceInfo { name, fingerprint },
         rows_file: ROWS_FILE.to_string(),
+        shard: None,
     }
 }
 

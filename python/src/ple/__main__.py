@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import List, Optional
 
 from . import PleError, Table, version
 
 
+def _shard_of(table_dir: str):
+    """The `shard` record of a libple shard table's table.json, else None."""
+    try:
+        with open(os.path.join(table_dir, "table.json"), "rb") as f:
+            meta = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return None  # no libple metadata (or unreadable): opening reports it
+    s = meta.get("shard") if isinstance(meta, dict) else None
+    return s if isinstance(s, dict) and {"index", "count", "first_row", "whole_total_rows"} <= s.keys() else None
+
+
 def _inspect(a: argparse.Namespace) -> int:
     opts = {"config_json_path": a.config, "checkpoint_dir": a.checkpoint}
+    shard = _shard_of(a.table_dir)
+    if shard is not None:  # a shard table opens only as its own shard
+        opts.update(shard_index=shard["index"], shard_count=shard["count"])
     try:
         with Table(a.table_dir, **opts) as t:
             i = t.info
@@ -35,6 +50,10 @@ def _inspect(a: argparse.Namespace) -> int:
     print(f"rows file:    {i['file_size']} bytes")
     print(f"format:       {i['format']} ({i['row_bytes']} B/row)")
     print(f"rows:         {i['total_rows']}, {i['addressed_rows']} addressed by the hash")
+    if shard is not None:
+        h0, h1 = i["shard_first_head"], i["shard_first_head"] + i["shard_heads"]
+        print(f"head shard:   {shard['index']}/{shard['count']}: heads {h0}..{h1}, the whole table's rows "
+              f"{shard['first_row']}..{shard['first_row'] + i['total_rows']} (of {shard['whole_total_rows']})")
     print(f"heads:        {i['num_heads']} × {i['head_dim']} elements, ngram_size {i['ngram_size']}")
     print(f"tokens:       vocab_size {i['vocab_size']}, eos {i['eos_token_id']}")
     print(f"global scale: {i['global_scale']}")

@@ -58,11 +58,19 @@ class ple_options(Structure):
         ("checkpoint_dir", c_char_p),
         ("cache_bytes", c_uint64),
         ("io_mode", c_int32),
+        ("shard_count", c_uint32),
+        ("shard_index", c_uint32),
     ]
 
 
 class ple_pack_options(Structure):
-    _fields_ = [("struct_size", c_size_t), ("force", c_int32), ("buffer_bytes", c_uint64)]
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("force", c_int32),
+        ("buffer_bytes", c_uint64),
+        ("shard_count", c_uint32),
+        ("shard_index", c_uint32),
+    ]
 
 
 class ple_batch(Structure):
@@ -108,6 +116,10 @@ class ple_info(Structure):
         ("io_mode", c_int32),
         ("io_backend", c_int32),
         ("cache_bytes", c_uint64),
+        ("shard_index", c_uint32),
+        ("shard_count", c_uint32),
+        ("shard_first_head", c_uint32),
+        ("shard_heads", c_uint32),
     ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -98,7 +98,11 @@ class Table:
     `wait_mode` ("auto"/"host"/"stream_op"/"spin_kernel"), `config_json_path`, `checkpoint_dir`,
     `cache_bytes` (default `PLE_CACHE_AUTO`, 2**64 - 1: a 256 MiB row cache for a DIRECT handle,
     none for MMAP; 0 = none; `info()["cache_bytes"]` says what the handle got), `io_mode`
-    ("auto"/"mmap"/"direct").
+    ("auto"/"mmap"/"direct"), `shard_count` and `shard_index` (a head shard for one of
+    `shard_count` tensor/data-parallel ranks: the handle reads only heads
+    `[info["shard_first_head"], + info["shard_heads"])`, `packed_rows` has that many rows per
+    token, and `dequant_*` write -0.0 in the other heads' columns, so an all-reduce (sum) of every
+    rank's output is the whole table's output bit for bit).
     """
 
     def __init__(self, path: PathLike, **options: Any):
@@ -262,19 +266,20 @@ class Table:
         check(lib.ple_wait(self._ptr, _seq(step), t))
 
     def packed_rows(self, step: Union[Step, int]) -> np.ndarray:
-        """A read-only numpy view `[num_tokens, 16, row_bytes]` uint8 of the step's staged rows
-        (waits for the step). Valid until the step is consumed (`dequant_*`, `release_step`):
+        """A read-only numpy view `[num_tokens, heads, row_bytes]` uint8 of the step's staged rows
+        (waits for the step; `heads` is 16, or a head shard's `info["shard_heads"]`). Valid until the step is consumed (`dequant_*`, `release_step`):
         after that libple may reuse the memory for a later step. The view keeps the handle open."""
         rows = ctypes.POINTER(ctypes.c_uint8)()
         n = ctypes.c_uint32()
         check(lib.ple_packed_rows(self._ptr, _seq(step), ctypes.byref(rows), ctypes.byref(n)))
         rb = self.info["row_bytes"]
-        size = n.value * PLE_NUM_HEADS * rb
+        heads = self.info["shard_heads"]
+        size = n.value * heads * rb
         if size == 0:
-            return np.empty((0, PLE_NUM_HEADS, rb), np.uint8)
+            return np.empty((0, heads, rb), np.uint8)
         buf = (ctypes.c_uint8 * size).from_address(ctypes.addressof(rows.contents))
         buf.handle = self._h  # the staging memory lives as long as the handle
-        a = np.frombuffer(buf, np.uint8).reshape(n.value, PLE_NUM_HEADS, rb)
+        a = np.frombuffer(buf, np.uint8).reshape(n.value, heads, rb)
         a.flags.writeable = False
         return a
 
@@ -334,13 +339,17 @@ def pack(
     force: bool = False,
     buffer_bytes: Optional[int] = None,
     progress: Optional[Callable[[int, int], Any]] = None,
+    shard: Optional[Tuple[int, int]] = None,
 ) -> None:
     """Packs a checkpoint's PLE tensors into a table (`ple_pack`). `progress(done_bytes,
     total_bytes)` is called as it goes; an exception raised in it cancels the pack (no table is
-    left behind) and is re-raised here."""
+    left behind) and is re-raised here. `shard=(K, N)` writes a shard table holding only head
+    shard K of N's rows (open it with `Table(out_dir, shard_count=N, shard_index=K)`)."""
     o = ple_pack_options()
     check(lib.ple_pack_options_default(ctypes.byref(o)))
     o.force = int(bool(force))
+    if shard is not None:
+        o.shard_index, o.shard_count = (int(x) for x in shard)
     if buffer_bytes is not None:
         o.buffer_bytes = buffer_bytes
     raised: list = []

@@ -21,7 +21,7 @@
 mod cold;
 mod cpu_split;
 mod floor;
-mod memory;
+pub(crate) mod memory;
 mod report;
 pub(crate) mod steps;
 mod warm;

@@ -1,5 +1,8 @@
 //! Dequantisation on the CPU: a step's packed rows `[tokens][16][row_bytes]` → one embedding of
-//! 2,560 elements per token, as f32, f16 or bf16, row `t` at `out + t * stride`.
+//! 2,560 elements per token, as f32, f16 or bf16, row `t` at `out + t * stride`. A head shard's
+//! rows `[tokens][heads][row_bytes]` (`crate::shard`) fill their heads' columns; the other
+//! columns are written as -0.0 (the additive identity: `x + -0.0 == x` for every `x`, +0.0
+//! included, where `+0.0` would turn a -0.0 into +0.0), or left untouched when accumulating.
 //!
 //! The rule — decode, one fp32 multiply by the global scale, optional fp32 accumulate, one
 //! round-to-nearest-even store, canonical NaN — is written once, in
@@ -11,6 +14,7 @@ use crate::model::{HEAD_DIM, NUM_HEADS, PLE_EMBED_DIM, RowFormat};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Output element type of a dequantisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,9 +193,25 @@ impl Dequantizer {
 
     /// One token's 16 rows → its 2,560 fp32 values.
     pub fn token_f32(&self, rows: &[u8], out: &mut [f32; PLE_EMBED_DIM]) {
+        self.token_f32_heads(rows, 0..NUM_HEADS, out);
+    }
+
+    /// One token's rows of the heads `heads` (`[heads.len()][row_bytes]`) → its 2,560 fp32
+    /// values, -0.0 in the other heads' columns.
+    pub fn token_f32_heads(
+        &self,
+        rows: &[u8],
+        heads: Range<usize>,
+        out: &mut [f32; PLE_EMBED_DIM],
+    ) {
         let rb = self.row_bytes();
         for (h, o) in out.chunks_exact_mut(HEAD_DIM).enumerate() {
-            self.row_f32(&rows[h * rb..(h + 1) * rb], o);
+            if heads.contains(&h) {
+                let j = h - heads.start;
+                self.row_f32(&rows[j * rb..(j + 1) * rb], o);
+            } else {
+                o.fill(-0.0);
+            }
         }
     }
 }
@@ -238,7 +258,9 @@ fn f32_to_bf16_bits(x: f32) -> u16 {
     }) as u16
 }
 
-fn store(vals: &[f32; PLE_EMBED_DIM], out: OutRow<'_>, accumulate: bool, tmp: &mut [f32]) {
+/// Stores `vals` into `out` (the same length; `tmp` at least as long).
+fn store(vals: &[f32], out: OutRow<'_>, accumulate: bool, tmp: &mut [f32]) {
+    let tmp = &mut tmp[..vals.len()];
     match out {
         OutRow::F32(o) => {
             if accumulate {
@@ -286,6 +308,17 @@ enum OutRow<'a> {
     Bf16(&'a mut [bf16]),
 }
 
+impl<'a> OutRow<'a> {
+    /// The elements `r` of the row.
+    fn cols(self, r: Range<usize>) -> OutRow<'a> {
+        match self {
+            OutRow::F32(o) => OutRow::F32(&mut o[r]),
+            OutRow::F16(o) => OutRow::F16(&mut o[r]),
+            OutRow::Bf16(o) => OutRow::Bf16(&mut o[r]),
+        }
+    }
+}
+
 /// Tokens per parallel task; steps with fewer than 2 tasks' worth run on the calling thread.
 const TOKENS_PER_TASK: usize = 32;
 
@@ -306,8 +339,45 @@ pub fn dequant_rows(
     accumulate: bool,
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<()> {
+    let args = (stride, accumulate);
+    dequant_rows_heads(
+        format,
+        global_scale,
+        rows,
+        num_tokens,
+        0..NUM_HEADS,
+        out,
+        args,
+        pool,
+    )
+}
+
+/// [`dequant_rows`] of a head shard's rows (`[tokens][heads.len()][row_bytes]`, `crate::shard`):
+/// the heads' columns get their values; the other columns are written as -0.0, or, with
+/// `accumulate`, not touched at all — so the sum of every shard's output, in any order, is the
+/// whole table's output bit for bit (`x + -0.0 == x` for every `x`), and accumulating every
+/// shard into one buffer is the whole table's accumulate. `(stride, accumulate)` as in
+/// [`dequant_rows`].
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the flat argument list the callers already hold"
+)]
+pub fn dequant_rows_heads(
+    format: RowFormat,
+    global_scale: f32,
+    rows: &[u8],
+    num_tokens: usize,
+    heads: Range<usize>,
+    out: Out<'_>,
+    (stride, accumulate): (usize, bool),
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<()> {
     let d = Dequantizer::new(format, global_scale);
-    let tok_bytes = NUM_HEADS * d.row_bytes();
+    if heads.is_empty() || heads.end > NUM_HEADS {
+        return crate::invalid!("heads {heads:?} not a range of the {NUM_HEADS} heads");
+    }
+    let cols = heads.start * HEAD_DIM..heads.end * HEAD_DIM;
+    let tok_bytes = heads.len() * d.row_bytes();
     if stride < PLE_EMBED_DIM {
         return crate::invalid!("out_stride {stride} < {PLE_EMBED_DIM} elements");
     }
@@ -333,14 +403,19 @@ pub fn dequant_rows(
             // f32 without accumulate: straight into the output, then every NaN made canonical
             // (a bf16 row's NaN keeps its sign and payload through the widening)
             OutRow::F32(o) if !accumulate => {
-                d.token_f32(src, o.try_into().expect("2560 elements"));
+                d.token_f32_heads(src, heads.clone(), o.try_into().expect("2560 elements"));
                 for x in o.iter_mut() {
                     *x = canon(*x);
                 }
             }
+            // accumulate: the shard's columns only (nothing is added to the others)
+            o if accumulate => {
+                d.token_f32_heads(src, heads.clone(), vals);
+                store(&vals[cols.clone()], o.cols(cols.clone()), true, tmp);
+            }
             o => {
-                d.token_f32(src, vals);
-                store(vals, o, accumulate, tmp);
+                d.token_f32_heads(src, heads.clone(), vals);
+                store(vals, o, false, tmp);
             }
         }
     };
@@ -383,7 +458,7 @@ pub fn dequant_rows(
     Ok(())
 }
 
-/// [`dequant_rows`] into raw memory of `dtype` (for the C API).
+/// [`dequant_rows_heads`] into raw memory of `args.dtype` (for the C API).
 ///
 /// # Safety
 /// `out` must be valid for writes (and reads, with `accumulate`) of
@@ -398,12 +473,16 @@ pub unsafe fn dequant_raw(
     global_scale: f32,
     rows: &[u8],
     num_tokens: usize,
+    heads: Range<usize>,
     out: *mut u8,
-    dtype: Dtype,
-    stride: usize,
-    accumulate: bool,
+    args: OutArgs,
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<()> {
+    let OutArgs {
+        dtype,
+        stride,
+        accumulate,
+    } = args;
     if stride < PLE_EMBED_DIM {
         return crate::invalid!("out_stride {stride} < {PLE_EMBED_DIM} elements");
     }
@@ -433,16 +512,8 @@ pub unsafe fn dequant_raw(
             Dtype::Bf16 => Out::Bf16(std::slice::from_raw_parts_mut(out as *mut bf16, len)),
         }
     };
-    dequant_rows(
-        format,
-        global_scale,
-        rows,
-        num_tokens,
-        o,
-        stride,
-        accumulate,
-        pool,
-    )
+    let args = (stride, accumulate);
+    dequant_rows_heads(format, global_scale, rows, num_tokens, heads, o, args, pool)
 }
 
 #[cfg(test)]

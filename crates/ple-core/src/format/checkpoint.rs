@@ -547,6 +547,7 @@ impl Checkpoint {
                 fingerprint: self.fingerprint.clone(),
             },
             rows_file: ROWS_FILE.to_string(),
+            shard: None,
         };
         m.validate().map_err(|e| {
             Error::Format(format!(

@@ -18,8 +18,9 @@
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{Checkpoint, ShardSource};
 use crate::format::files::{MAX_TABLE_META, non_empty, open_regular, read_text_capped};
-use crate::format::table::{META_FILE, ROWS_FILE, Table, TableMeta, TableOpenOptions};
+use crate::format::table::{META_FILE, ROWS_FILE, ShardMeta, Table, TableMeta, TableOpenOptions};
 use crate::model::RowFormat;
+use crate::shard::Shard;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
@@ -39,6 +40,10 @@ pub struct PackOptions {
     /// Reserve the row file's full size before writing (`fallocate`), so a full disk fails at
     /// once. Filesystems without `fallocate` are written without reserving.
     pub preallocate: bool,
+    /// Write only this head shard's rows (`crate::shard`; a shard table, whose `table.json`
+    /// records the shard): the whole table's rows `[offset[h0], end(h1))`, re-based to 0.
+    /// [`Shard::WHOLE`] (the default) writes the whole table.
+    pub shard: Shard,
 }
 
 impl Default for PackOptions {
@@ -47,6 +52,7 @@ impl Default for PackOptions {
             force: false,
             buffer_bytes: 8 << 20,
             preallocate: true,
+            shard: Shard::WHOLE,
         }
     }
 }
@@ -246,7 +252,7 @@ pub fn pack(
         return crate::invalid!("buffer_bytes {} < 4096", opts.buffer_bytes);
     }
     let ck = Checkpoint::open(checkpoint)?;
-    let meta = ck.table_meta()?;
+    let meta = shard_meta(ck.table_meta()?, opts.shard)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io_path("creating", out, e))?;
     let dir = lock_dir(out)?;
     remove_stale_temps(out)?;
@@ -314,6 +320,23 @@ pub fn pack(
     report.elapsed = t0.elapsed();
     report.meta = Some(meta);
     Ok(report)
+}
+
+/// The metadata of shard `s` of the whole table `whole` (itself for [`Shard::WHOLE`]).
+fn shard_meta(whole: TableMeta, s: Shard) -> Result<TableMeta> {
+    if s.is_whole() {
+        return Ok(whole);
+    }
+    let s = Shard::new(s.index, s.count)?;
+    let sm = ShardMeta::of(&whole, s);
+    let rows = s.rows(&whole.hash, whole.total_rows);
+    let meta = TableMeta {
+        total_rows: rows.end - rows.start,
+        shard: Some(sm),
+        ..whole
+    };
+    meta.validate()?;
+    Ok(meta)
 }
 
 /// Reserves `total` bytes for `f` (`fallocate`), so a full disk fails before any write.
@@ -508,10 +531,18 @@ fn write_rows(
     let mut sources = Sources::default();
     let mut behind = WriteBehind::default();
     let mut done = 0u64;
+    // the whole table's rows the file holds (a shard table: its heads' rows only)
+    let (lo, hi) = match &meta.shard {
+        None => (0, meta.total_rows),
+        Some(s) => (s.first_row, s.first_row + meta.total_rows),
+    };
     for (i, shard) in ck.shards.iter().enumerate() {
-        let mut r0 = 0u64;
-        while r0 < ck.rows_per_shard {
-            let n = chunk.rows.min(ck.rows_per_shard - r0);
+        // this checkpoint shard's rows inside [lo, hi), relative to its first row
+        let first = i as u64 * ck.rows_per_shard;
+        let mut r0 = lo.saturating_sub(first).min(ck.rows_per_shard);
+        let end = hi.saturating_sub(first).min(ck.rows_per_shard);
+        while r0 < end {
+            let n = chunk.rows.min(end - r0);
             let bytes = chunk.fill(meta, shard, &mut sources, r0, n)?;
             f.write_all(bytes)
                 .map_err(|e| Error::io_path(&format!("writing (shard {i}) to"), tmp, e))?;

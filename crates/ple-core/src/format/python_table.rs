@@ -375,6 +375,7 @@ pub fn python_table_meta(
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned(),
+        shard: None,
     };
     meta.validate()
         .map_err(|e| Error::Format(format!("{}: {e}", json.display())))?;

@@ -7,6 +7,7 @@
 use crate::error::{Error, Result};
 use crate::format::files::open_regular;
 use crate::model::{HashParams, RowFormat};
+use crate::shard::Shard;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -53,6 +54,79 @@ pub struct TableMeta {
     pub source: SourceInfo,
     /// File name of the row file, relative to the table directory.
     pub rows_file: String,
+    /// A shard table (`ple pack --shard K/N`): which heads' rows the file holds. Absent for the
+    /// whole table. Every other field is the whole table's (`source` too: its fingerprint
+    /// identifies the whole table), except `total_rows`, the rows of this file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardMeta>,
+}
+
+/// Where a shard table's rows sit in the whole table (`docs/FORMAT.md#head-shards`): heads
+/// `[first_head, first_head + heads)` of shard `index` of `count`, whose rows are the whole
+/// table's rows `[first_row, first_row + total_rows)`, row `r` of the file being row
+/// `first_row + r` of the whole table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMeta {
+    pub index: u32,
+    pub count: u32,
+    pub first_head: u32,
+    pub heads: u32,
+    pub first_row: u64,
+    /// `total_rows` of the whole table (`rows_per_shard × num_shards`).
+    pub whole_total_rows: u64,
+}
+
+impl ShardMeta {
+    /// The metadata of shard `s` (of 2 or more) of the whole table `whole`.
+    pub fn of(whole: &TableMeta, s: Shard) -> ShardMeta {
+        let heads = s.heads(whole.num_heads as usize);
+        ShardMeta {
+            index: s.index,
+            count: s.count,
+            first_head: heads.start as u32,
+            heads: heads.len() as u32,
+            first_row: s.rows(&whole.hash, whole.total_rows).start,
+            whole_total_rows: whole.total_rows,
+        }
+    }
+
+    /// The shard, as options name it.
+    pub fn shard(&self) -> Shard {
+        Shard {
+            index: self.index,
+            count: self.count,
+        }
+    }
+
+    /// Checks the shard record against the table's other fields (`m.total_rows` is the file's).
+    fn validate(&self, m: &TableMeta) -> Result<()> {
+        let bad = |x: String| Err(Error::Format(format!("table metadata: shard: {x}")));
+        let s = match Shard::new(self.index, self.count) {
+            Ok(s) if self.count >= 2 => s,
+            _ => {
+                return bad(format!(
+                    "index {} of count {} is not a shard of 2 to 16",
+                    self.index, self.count
+                ));
+            }
+        };
+        let heads = s.heads(m.num_heads as usize);
+        if (self.first_head as usize, self.heads as usize) != (heads.start, heads.len()) {
+            return bad(format!(
+                "first_head {} and heads {}, but shard {}/{} has heads {heads:?}",
+                self.first_head, self.heads, self.index, self.count
+            ));
+        }
+        let rows = s.rows(&m.hash, self.whole_total_rows);
+        if self.first_row != rows.start || m.total_rows != rows.end - rows.start {
+            return bad(format!(
+                "first_row {} and total_rows {}, but heads {heads:?} are rows {rows:?} of the \
+                 whole table",
+                self.first_row, m.total_rows
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl TableMeta {
@@ -129,19 +203,26 @@ impl TableMeta {
                 self.num_shards, self.rows_per_shard
             ));
         }
+        // (a shard table: the whole table's rows; the shard record is checked below)
+        let whole_rows = self
+            .shard
+            .as_ref()
+            .map_or(self.total_rows, |s| s.whole_total_rows);
         let shard_rows = self.rows_per_shard.checked_mul(self.num_shards as u64);
-        if shard_rows != Some(self.total_rows) {
+        if shard_rows != Some(whole_rows) {
             return bad(format!(
-                "total_rows is {}, but rows_per_shard {} × num_shards {} = {:?}",
-                self.total_rows, self.rows_per_shard, self.num_shards, shard_rows
+                "total_rows is {whole_rows}, but rows_per_shard {} × num_shards {} = {:?}",
+                self.rows_per_shard, self.num_shards, shard_rows
             ));
         }
         let addressed = self.hash.addressed_rows();
-        if self.total_rows < addressed {
+        if whole_rows < addressed {
             return bad(format!(
-                "total_rows {} is less than the {addressed} rows the hash addresses",
-                self.total_rows
+                "total_rows {whole_rows} is less than the {addressed} rows the hash addresses"
             ));
+        }
+        if let Some(s) = &self.shard {
+            s.validate(self)?;
         }
         if !(self.global_scale.is_finite() && self.global_scale > 0.0) {
             return bad(format!(
@@ -330,6 +411,11 @@ pub struct TableInfo {
     pub source_name: String,
     /// Hex fingerprint of the source checkpoint.
     pub source_fingerprint: String,
+    /// The head shard served (a handle's `shard` option; a table alone: the shard its file
+    /// holds) and its heads `[first_head, first_head + shard_heads)`.
+    pub shard: Shard,
+    pub first_head: u32,
+    pub shard_heads: u32,
 }
 
 /// The facts about a table (`device_wait_supported` is false here; the pipeline sets it for a
@@ -351,6 +437,21 @@ pub fn table_info(t: &Table) -> TableInfo {
         device_wait_supported: false,
         source_name: m.source.name.clone(),
         source_fingerprint: m.source.fingerprint.clone(),
+        shard: Shard::WHOLE,
+        first_head: 0,
+        shard_heads: m.num_heads,
+    }
+    .with_shard(m.shard.as_ref().map_or(Shard::WHOLE, |s| s.shard()))
+}
+
+impl TableInfo {
+    /// The facts with `shard` as the shard served.
+    pub fn with_shard(mut self, shard: Shard) -> TableInfo {
+        let heads = shard.heads(self.num_heads as usize);
+        self.shard = shard;
+        self.first_head = heads.start as u32;
+        self.shard_heads = heads.len() as u32;
+        self
     }
 }
 

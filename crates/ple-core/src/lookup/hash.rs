@@ -198,6 +198,53 @@ impl Hasher {
         }
     }
 
+    /// [`Hasher::ids_for_tokens`] for the heads `heads` only, each id less `base` (a head
+    /// shard, `crate::shard`): `out` is `[tokens.len()][heads.len()]`, id `j` of a token being
+    /// head `heads.start + j`'s row minus `base` (`base <= offset[heads.start]`). Only those heads'
+    /// remainders are computed. Panics on mismatched lengths or heads out of range.
+    pub fn ids_for_heads(
+        &self,
+        tokens: &[i32],
+        ctx: &[i32],
+        heads: std::ops::Range<usize>,
+        base: u64,
+        out: &mut [u64],
+    ) {
+        if heads == (0..self.num_heads()) && base == 0 {
+            return self.ids_for_tokens(tokens, ctx, out);
+        }
+        let w = heads.len();
+        assert!(
+            heads.end <= self.num_heads()
+                && w > 0
+                && base <= self.offsets[heads.start]
+                && ctx.len() == tokens.len() * self.ctx_len
+                && out.len() == tokens.len() * w,
+            "ids_for_heads: heads {heads:?} base {base}, {} tokens, {} context, {} ids",
+            tokens.len(),
+            ctx.len(),
+            out.len()
+        );
+        let hpn = self.heads_per_ngram;
+        // the orders whose heads the shard has: order k (0-based) holds heads [k·hpn, (k+1)·hpn)
+        let last_order = (heads.end - 1) / hpn;
+        for ((&t, c), o) in tokens
+            .iter()
+            .zip(ctx.chunks_exact(self.ctx_len))
+            .zip(out.chunks_exact_mut(w))
+        {
+            let mut mix = Self::prod(t, self.mults[0]);
+            for (k, &cx) in c[..=last_order].iter().enumerate() {
+                mix ^= Self::prod(cx, self.mults[k + 1]);
+                let lo = heads.start.max(k * hpn);
+                let hi = heads.end.min((k + 1) * hpn);
+                for h in lo..hi {
+                    o[h - heads.start] = self.mods[h].rem(mix) + self.offsets[h] - base;
+                }
+            }
+        }
+    }
+
     #[inline(always)]
     fn ids_3x8(&self, t: i32, c: [i32; 2], out: &mut [u64; 16]) {
         let b = Self::prod(t, self.mults[0]) ^ Self::prod(c[0], self.mults[1]);
@@ -403,6 +450,29 @@ mod tests {
                     prop_assert!(id >= p.offsets[hd] && id < p.offsets[hd] + p.head_sizes[hd]);
                 }
             }
+        }
+
+        /// A shard's ids are the whole ids of its heads, less the base.
+        #[test]
+        fn ids_for_heads_are_the_whole_ids_of_those_heads(
+            toks in proptest::collection::vec((0i32..248_320, 0i32..248_320, 0i32..248_320), 1..32),
+            count in 1u32..=16, pick in any::<u32>()
+        ) {
+            let h = spec_hasher();
+            let shard = crate::shard::Shard::new(pick % count, count).unwrap();
+            let heads = shard.heads(16);
+            let base = h.params().offsets[heads.start];
+            let tokens: Vec<i32> = toks.iter().map(|t| t.0).collect();
+            let ctx: Vec<i32> = toks.iter().flat_map(|t| [t.1, t.2]).collect();
+            let mut whole = vec![0; tokens.len() * 16];
+            h.ids_for_tokens_reference(&tokens, &ctx, &mut whole);
+            let mut part = vec![0; tokens.len() * heads.len()];
+            h.ids_for_heads(&tokens, &ctx, heads.clone(), base, &mut part);
+            let want: Vec<u64> = whole
+                .chunks(16)
+                .flat_map(|w| w[heads.clone()].iter().map(|&id| id - base))
+                .collect();
+            prop_assert_eq!(part, want);
         }
 
         /// Other shapes (ngram_size 2..=5, various heads per order, seeds, layers, vocabularies).

@@ -110,8 +110,9 @@ impl Pipeline {
         }
     }
 
-    /// Waits for step `seq` and returns its rows `[tokens][16][row_bytes]` (pointer, tokens). The
-    /// pointer stays valid until the step is consumed.
+    /// Waits for step `seq` and returns its rows `[tokens][heads][row_bytes]` (pointer, tokens):
+    /// per token the rows of the handle's heads ([`Pipeline::heads`], all 16 for the whole
+    /// table) in head order. The pointer stays valid until the step is consumed.
     pub fn packed_rows(&self, seq: u64) -> Result<(*const u8, u32)> {
         self.wait(seq, 0)?;
         match self.sh.status(&mut lock(&self.sh.ring), seq)? {
@@ -198,8 +199,9 @@ impl Pipeline {
     }
 
     /// Waits for step `seq`, dequantises its rows into `out` (`[tokens]` × 2560 of `dtype`,
-    /// `stride` elements apart; `PLE_FUSE_ACCUMULATE` adds) and releases the slot. A failed step
-    /// returns its error and is released too.
+    /// `stride` elements apart; `PLE_FUSE_ACCUMULATE` adds) and releases the slot. A head shard
+    /// writes -0.0 in the other heads' columns (accumulating: leaves them untouched). A failed
+    /// step returns its error and is released too.
     ///
     /// # Safety
     /// `out` must be valid for reads and writes of `(tokens - 1) * stride + 2560` elements of
@@ -215,10 +217,9 @@ impl Pipeline {
                     t.global_scale(),
                     rows,
                     tokens,
+                    self.sh.heads.clone(),
                     out,
-                    args.dtype,
-                    args.stride,
-                    args.accumulate,
+                    args,
                     Some(self.sh.pool()),
                 )
             }

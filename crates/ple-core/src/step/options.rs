@@ -1,6 +1,7 @@
 //! Options of a handle, typed: the C API converts `ple_options` into [`OpenOptions`] once.
 
 use crate::error::{Error, Result};
+use crate::shard::Shard;
 use std::path::PathBuf;
 
 pub use crate::dequant::gpu::WaitMode;
@@ -80,6 +81,10 @@ pub struct OpenOptions {
     /// MMAP: how a cold prefetching step of at most [`COLD_READ_MAX_ROWS`] rows (decode steps)
     /// reads its rows (bigger steps always advise WILLNEED while the pool gathers).
     pub cold_reads: ColdReads,
+    /// The head shard the handle serves (`crate::shard`; default the whole table): it hashes,
+    /// reads, caches and counts only its heads' rows, and its outputs hold -0.0 in the other
+    /// heads' columns.
+    pub shard: Shard,
 }
 
 /// MMAP: the most rows of a step that [`ColdReads::Direct`] or [`ColdReads::Buffered`] reads
@@ -120,6 +125,7 @@ impl Default for OpenOptions {
             io_mode: IoMode::Auto,
             force_pread: false,
             cold_reads: ColdReads::Direct,
+            shard: Shard::WHOLE,
         }
     }
 }
@@ -157,6 +163,9 @@ impl OpenOptions {
                 self.cache_bytes
             );
         }
+        if let Err(Error::InvalidArgument(m)) = Shard::new(self.shard.index, self.shard.count) {
+            return crate::invalid!("options.{m}");
+        }
         if self.cuda_device < -1 {
             return crate::invalid!(
                 "options.cuda_device {} (use -1 for CPU only)",
@@ -179,26 +188,27 @@ impl OpenOptions {
         }
     }
 
-    /// Bytes of one staging slot (`max_tokens_per_step × 16 × row_bytes`), after checking that
+    /// Bytes of one staging slot (`max_tokens_per_step × heads × row_bytes`, `heads` the rows
+    /// per token of the handle's shard), after checking that
     /// all `max_in_flight` slots fit in the memory the machine can give ([`memory_headroom`]):
     /// otherwise `Error::OutOfMemory` naming the bytes needed, before anything is allocated.
-    pub fn check_staging_fits(&self, row_bytes: usize) -> Result<usize> {
+    pub fn check_staging_fits(&self, row_bytes: usize, heads: usize) -> Result<usize> {
         let slot = (self.max_tokens_per_step as u64)
-            .checked_mul(crate::model::NUM_HEADS as u64)
+            .checked_mul(heads as u64)
             .and_then(|x| x.checked_mul(row_bytes as u64));
         let total = slot.and_then(|s| s.checked_mul(self.max_in_flight as u64));
         let (Some(slot), Some(total)) = (slot, total) else {
             return Err(Error::OutOfMemory(format!(
-                "staging of max_in_flight {} × max_tokens_per_step {} × 16 rows × {row_bytes} \
-                 bytes overflows",
+                "staging of max_in_flight {} × max_tokens_per_step {} × {heads} rows × \
+                 {row_bytes} bytes overflows",
                 self.max_in_flight, self.max_tokens_per_step
             )));
         };
         if let Some(avail) = memory_headroom() {
             if total > avail {
                 return Err(Error::OutOfMemory(format!(
-                    "staging needs {total} bytes (max_in_flight {} × max_tokens_per_step {} × 16 \
-                     rows × {row_bytes} bytes), more than the {avail} bytes available \
+                    "staging needs {total} bytes (max_in_flight {} × max_tokens_per_step {} × \
+                     {heads} rows × {row_bytes} bytes), more than the {avail} bytes available \
                      (MemAvailable, or the cgroup's memory.max headroom); lower \
                      max_tokens_per_step or max_in_flight",
                     self.max_in_flight, self.max_tokens_per_step

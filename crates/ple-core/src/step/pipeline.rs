@@ -35,6 +35,7 @@ use crate::io::cache::RowCache;
 use crate::lookup::context::Batch;
 use crate::lookup::context::{Tracker, resolve_contexts_checked, validate_batch};
 use crate::lookup::hash::Hasher;
+use crate::shard::Shard;
 use crate::stats::Counters;
 use crate::stats::{self, Stats};
 use crate::step::options::{CACHE_AUTO, IoMode, OpenOptions, RingFullPolicy};
@@ -125,6 +126,28 @@ fn cpu_staging(slots: usize, slot_bytes: usize) -> Result<Vec<Staging>> {
     Ok(staging)
 }
 
+/// The heads a handle opened as `shard` serves and the row file's base (the whole table's row id
+/// of its row 0): a whole table serves any shard; a shard table only the shard it holds, else
+/// `Error::Format` naming both.
+fn shard_rows(table: &Table, shard: Shard) -> Result<(std::ops::Range<usize>, u64)> {
+    let heads = shard.heads(table.meta().num_heads as usize);
+    match &table.meta().shard {
+        None => Ok((heads, 0)),
+        Some(s) if s.shard() == shard => Ok((heads, s.first_row)),
+        Some(s) => Err(Error::Format(format!(
+            "table {} holds {} (heads {}..{}), but the handle was opened as {}: open it with \
+             shard_count {} and shard_index {}, or open the whole table",
+            table.dir().display(),
+            s.shard().describe(),
+            s.first_head,
+            s.first_head + s.heads,
+            shard.describe(),
+            s.count,
+            s.index
+        ))),
+    }
+}
+
 impl Pipeline {
     /// Opens the table in `dir` and starts the worker and the pool.
     pub fn open(dir: &Path, opts: OpenOptions) -> Result<Pipeline> {
@@ -143,8 +166,9 @@ impl Pipeline {
                 table.meta().num_heads
             )));
         }
+        let (heads, row_base) = shard_rows(&table, opts.shard)?;
         // Staging is bounded by the memory the machine has, checked before anything is allocated.
-        let slot_bytes = opts.check_staging_fits(table.row_bytes())?;
+        let slot_bytes = opts.check_staging_fits(table.row_bytes(), heads.len())?;
         // The GPU side first (nothing CUDA is touched with cuda_device = -1): a machine without a
         // driver fails here with CudaUnavailable before any thread starts.
         let gpu = if opts.cuda_device >= 0 {
@@ -153,6 +177,7 @@ impl Pipeline {
                 wait_mode: opts.wait_mode,
                 slots: opts.max_in_flight as usize,
                 max_tokens: opts.max_tokens_per_step as usize,
+                heads: heads.clone(),
                 format: table.format(),
                 global_scale: table.global_scale(),
                 timeout_us: opts.wait_timeout_us,
@@ -187,6 +212,8 @@ impl Pipeline {
         let sh = Arc::new(Shared {
             table,
             hasher,
+            heads,
+            row_base,
             pool: Some(pool),
             staging,
             slot_by_seq: gpu.is_some() || force_slot_by_seq(),
@@ -254,6 +281,11 @@ impl Pipeline {
     pub fn num_heads(&self) -> usize {
         self.sh.table.meta().num_heads as usize
     }
+    /// The heads the handle serves (`options().shard`'s; `0..16` for the whole table): a step's
+    /// rows are `[tokens][heads.len()][row_bytes]`.
+    pub fn heads(&self) -> std::ops::Range<usize> {
+        self.sh.heads.clone()
+    }
     /// Highest seq whose step is complete.
     pub fn done(&self) -> u64 {
         self.sh.done.load(Ordering::Acquire)
@@ -266,7 +298,8 @@ impl Pipeline {
 
     /// Facts about the table (`ple_table_info`).
     pub fn table_info(&self) -> TableInfo {
-        let mut info = crate::format::table::table_info(&self.sh.table);
+        let mut info =
+            crate::format::table::table_info(&self.sh.table).with_shard(self.sh.opts.shard);
         if let Some(g) = &self.sh.gpu {
             info.device_wait_supported = g.device_wait_supported();
         }

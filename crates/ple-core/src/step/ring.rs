@@ -105,7 +105,7 @@ impl Ring {
             match *st {
                 SlotState::Pending { seq: s, tokens } if s == seq => {
                     return Ok(StepStatus::Pending {
-                        rows: tokens.saturating_mul(crate::model::NUM_HEADS as u32),
+                        rows: tokens.saturating_mul(crate::model::NUM_HEADS as u32), // (at most)
                     });
                 }
                 SlotState::Ready { seq: s, tokens } if s == seq => {

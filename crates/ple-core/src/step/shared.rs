@@ -67,6 +67,12 @@ pub(crate) struct TestHooks {
 pub(super) struct Shared {
     pub(super) table: Table,
     pub(super) hasher: Hasher,
+    /// The heads the handle serves (`opts.shard`'s; all 16 for the whole table): a step's rows
+    /// are `[tokens][heads.len()][row_bytes]`.
+    pub(super) heads: std::ops::Range<usize>,
+    /// Subtracted from the whole table's row ids to address the row file: 0 for a whole table,
+    /// the shard's first row for a shard table (`crate::shard`).
+    pub(super) row_base: u64,
     pub(super) opts: OpenOptions,
     /// Taken out only by `Drop` (to join its threads).
     pub(super) pool: Option<rayon::ThreadPool>,

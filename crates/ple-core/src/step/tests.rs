@@ -450,3 +450,7 @@ fn ngram_ids_has_no_side_effects() {
 // The second half: consumption, counters, GPU-mode ring and lifecycle tests.
 #[path = "tests_consume.rs"]
 mod consume;
+
+// Head shards.
+#[path = "tests_shard.rs"]
+mod shard;

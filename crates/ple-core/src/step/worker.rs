@@ -61,7 +61,7 @@ impl Shared {
             g.begin_step(job.slot, job.seq)?;
         }
         let n = job.tokens.len();
-        let heads = self.table.meta().num_heads as usize;
+        let heads = self.heads.len();
         let rb = self.table.row_bytes();
         let mut rec = StepRecord {
             queue_ns: stats::ns(job.submitted.elapsed()),
@@ -83,17 +83,19 @@ impl Shared {
         self.upload(job, n * heads * rb, rec)
     }
 
-    /// The step's 16 row ids per token into `w.ids` (on the pool for big steps), each checked to
-    /// be inside the table.
+    /// The step's row ids into `w.ids` (on the pool for big steps), each checked to be inside
+    /// the row file: per token, the ids of the handle's heads, less the row file's base.
     pub(super) fn hash_step(&self, job: &Job, w: &mut WorkerScratch) -> Result<()> {
         let n = job.tokens.len();
-        let heads = self.table.meta().num_heads as usize;
+        let heads = self.heads.len();
         let k = self.table.meta().ngram_size as usize - 1;
         w.ids.clear();
         w.ids.resize(n * heads, 0);
         let total_rows = self.table.meta().total_rows;
         let hash_chunk = |(ids, (toks, ctx)): (&mut [u64], (&[i32], &[i32]))| -> Result<()> {
-            self.hasher.ids_for_tokens(toks, ctx, ids);
+            let base = self.row_base;
+            self.hasher
+                .ids_for_heads(toks, ctx, self.heads.clone(), base, ids);
             gather::check_ids(ids, total_rows)
         };
         if n >= PARALLEL_HASH_MIN_TOKENS && self.pool().current_num_threads() > 1 {

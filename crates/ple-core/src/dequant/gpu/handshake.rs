@@ -151,10 +151,11 @@ impl GpuSide {
     pub fn upload(&self, slot: usize, bytes: usize, seq: u64, num_tokens: u32) -> Result<()> {
         self.check_slot(slot, seq)?;
         self.check_tokens(num_tokens, "num_tokens")?;
-        let expect = num_tokens as usize * token_bytes(self.format);
+        let expect = num_tokens as usize * token_bytes(self.format, self.heads.len());
         if bytes != expect {
             return crate::invalid!(
-                "upload of {bytes} B for {num_tokens} tokens; expected {expect} (16 rows of {} B each)",
+                "upload of {bytes} B for {num_tokens} tokens; expected {expect} ({} rows of {} B each)",
+                self.heads.len(),
                 self.format.row_bytes(HEAD_DIM)
             );
         }

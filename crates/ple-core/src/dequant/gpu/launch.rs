@@ -158,7 +158,8 @@ impl GpuSide {
             dtype: kernel_dtype(args.dtype),
             flags,
             scale: self.global_scale,
-            reserved: 0,
+            first_head: self.heads.start as u16,
+            heads: self.heads.len() as u16,
         }
     }
 

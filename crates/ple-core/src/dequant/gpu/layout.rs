@@ -4,7 +4,7 @@
 
 use crate::dequant::cpu::Dtype;
 use crate::error::Error;
-use crate::model::{HEAD_DIM, NUM_HEADS, PLE_EMBED_DIM, RowFormat};
+use crate::model::{HEAD_DIM, PLE_EMBED_DIM, RowFormat};
 use std::time::Duration;
 
 /// The kernels as PTX (compute_80), generated from `kernels/ple_kernels.cu`.
@@ -119,7 +119,10 @@ pub struct DequantParams {
     pub dtype: i32,
     pub flags: u32,
     pub scale: f32,
-    pub reserved: u32,
+    /// The heads the step's rows are: `[first_head, first_head + heads)`, `heads` rows per
+    /// token; the other heads' columns get -0.0 (with `FLAG_ACCUMULATE`: nothing).
+    pub first_head: u16,
+    pub heads: u16,
 }
 
 /// Parameters of `ple_graph_advance`.
@@ -163,9 +166,9 @@ pub fn vec_ok(out: u64, out_stride: usize, elem_size: usize) -> bool {
     out % 16 == 0 && (out_stride * elem_size) % 16 == 0
 }
 
-/// Bytes of one token's 16 rows.
-pub fn token_bytes(format: RowFormat) -> usize {
-    NUM_HEADS * format.row_bytes(HEAD_DIM)
+/// Bytes of one token's rows of `heads` heads (16: the whole table).
+pub fn token_bytes(format: RowFormat, heads: usize) -> usize {
+    heads * format.row_bytes(HEAD_DIM)
 }
 
 /// `x` rounded up to a multiple of `a`.
@@ -282,9 +285,10 @@ mod tests {
         assert!(!vec_ok(0x1000, 2561, 4)); // rows 4 B apart from alignment
         assert!(!vec_ok(0x1000, 2564, 2)); // 5128 B rows
         assert!(!vec_ok(0x1008, 2560, 4));
-        assert_eq!(token_bytes(RowFormat::Nvfp4), 1440);
-        assert_eq!(token_bytes(RowFormat::Fp8), 2560);
-        assert_eq!(token_bytes(RowFormat::Bf16), 5120);
+        assert_eq!(token_bytes(RowFormat::Nvfp4, 16), 1440);
+        assert_eq!(token_bytes(RowFormat::Fp8, 16), 2560);
+        assert_eq!(token_bytes(RowFormat::Bf16, 16), 5120);
+        assert_eq!(token_bytes(RowFormat::Nvfp4, 5), 450);
     }
 
     #[test]
@@ -330,6 +334,8 @@ mod tests {
         assert_eq!(offset_of!(DequantParams, fmt), 68);
         assert_eq!(offset_of!(DequantParams, flags), 76);
         assert_eq!(offset_of!(DequantParams, scale), 80);
+        assert_eq!(offset_of!(DequantParams, first_head), 84);
+        assert_eq!(offset_of!(DequantParams, heads), 86);
         assert_eq!(offset_of!(SetParams, value), 16);
         assert_eq!(offset_of!(SlotHeader, failed), 12);
         assert_eq!(offset_of!(DevError, detail), 16);

@@ -54,6 +54,8 @@ pub struct GpuSide {
     pub(super) rows_dptr: u64,
     pub(super) slots: usize,
     pub(super) max_tokens: usize,
+    /// The heads a step's rows are (`GpuConfig::heads`).
+    pub(super) heads: std::ops::Range<usize>,
     pub(super) format: RowFormat,
     pub(super) global_scale: f32,
     pub(super) slot_stride: usize,
@@ -157,7 +159,7 @@ impl GpuSide {
 
     /// A GpuSide holding nothing yet (every handle NULL), with its sizes.
     fn empty(d: &'static Api, cfg: &GpuConfig, dev: sys::CUdevice) -> GpuSide {
-        let slot_bytes = cfg.max_tokens * token_bytes(cfg.format);
+        let slot_bytes = cfg.max_tokens * token_bytes(cfg.format, cfg.heads.len());
         GpuSide {
             d,
             device: cfg.device,
@@ -179,6 +181,7 @@ impl GpuSide {
             rows_dptr: 0,
             slots: cfg.slots,
             max_tokens: cfg.max_tokens,
+            heads: cfg.heads.clone(),
             format: cfg.format,
             global_scale: cfg.global_scale,
             slot_stride: round_up(slot_bytes, 256),
@@ -384,9 +387,9 @@ impl GpuSide {
     pub fn slot_of(&self, seq: u64) -> usize {
         (seq % self.slots as u64) as usize
     }
-    /// Bytes of one staging slot (`max_tokens * 16 * row_bytes`).
+    /// Bytes of one staging slot (`max_tokens * heads * row_bytes`).
     pub fn slot_bytes(&self) -> usize {
-        self.max_tokens * token_bytes(self.format)
+        self.max_tokens * token_bytes(self.format, self.heads.len())
     }
     /// Pinned host staging of `slot` (`slot_bytes()` bytes, rows `[tokens][16][row_bytes]`),
     /// mapped into the device: where the worker gathers, and (device-wait modes) where the kernel
@@ -569,6 +572,7 @@ mod tests {
             wait_mode: WaitMode::Auto,
             slots: 2,
             max_tokens: 16,
+            heads: 0..16,
             format: RowFormat::Nvfp4,
             global_scale: 1.0,
             timeout_us: 1_000_000,
@@ -593,6 +597,7 @@ mod tests {
             wait_mode: WaitMode::Auto,
             slots: 2,
             max_tokens: 16,
+            heads: 0..16,
             format: RowFormat::Fp8,
             global_scale: 1.0,
             timeout_us: 1,
