@@ -130,11 +130,9 @@ hf_env=(env -i PATH=/usr/bin:/bin HOME="$work" PYTHONPATH="$work/hf-site" HF_HUB
 "${hf_env[@]}" "$venv_py" examples/python/hf_generate.py --tiny "$work/hf-tiny" --check --max-new-tokens 12
 
 step "torch.distributed: head shards all-reduced over gloo (N = 2, 4) equal one unsharded handle bit for bit"
-venv_py=$(scripts/torch-venv.sh)
-"$venv_py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$work"/wheels/ple-*.whl
+# the same private site as the transformers step: the shared venv is never written to
 for n in 2 4; do
-  env -i PATH=/usr/bin:/bin HOME="$work" "$venv_py" examples/python/tp_allreduce.py \
-    "$work/examples/example-table" "$n"
+  "${hf_env[@]}" "$venv_py" examples/python/tp_allreduce.py "$work/examples/example-table" "$n"
 done
 
 echo
