@@ -62,7 +62,10 @@ static inline int __float_as_int(float f) {
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 
-/* cvt.rn.f16.f32: GCC's _Float16 conversion (IEEE, the current rounding mode: nearest even) */
+/* These conversions stand in for the PTX instructions the kernels use; they are deliberately not
+ * common.h's ref_f16/ref_bf16. common.h is the tests' independent oracle (integer arithmetic), so the
+ * emulated kernels' output is checked against a second implementation, not against itself.
+ * cvt.rn.f16.f32: GCC's _Float16 conversion (IEEE, the current rounding mode: nearest even) */
 static inline unsigned short emu_f32_to_f16_rn(float f) {
     _Float16 h = (_Float16)f;
     unsigned short b;
