@@ -429,6 +429,21 @@ impl RowCache {
     }
 }
 
+/// Copies a row of `RB` bytes from its words (the last one padded) into `dst` (`RB` long); the
+/// sizes known at compile time, the loop unrolls into one load and one store per word.
+#[inline(always)]
+fn copy_words<const RB: usize>(words: &[AtomicU64], dst: &mut [u8]) {
+    let dst: &mut [u8; RB] = dst.try_into().expect("one row");
+    let words = &words[..RB.div_ceil(8)];
+    for i in 0..RB / 8 {
+        dst[i * 8..i * 8 + 8].copy_from_slice(&words[i].load(Relaxed).to_le_bytes());
+    }
+    if RB % 8 != 0 {
+        let b = words[RB / 8].load(Relaxed).to_le_bytes();
+        dst[RB / 8 * 8..].copy_from_slice(&b[..RB % 8]);
+    }
+}
+
 /// Bytes per shard besides its slots' share: the rounding up of the index and ghost lengths
 /// and of the packed rows to whole words.
 const SHARD_ROUNDING: usize = 16;
@@ -527,11 +542,18 @@ impl Shard {
         self.hdr(slot).store((h & !0xFF) | b as u64, Relaxed);
     }
 
-    /// Copies `slot`'s row into `dst` (`row_bytes` long), a word at a time.
+    /// Copies `slot`'s row into `dst` (`row_bytes` long), a word at a time (unrolled for the
+    /// row sizes of the formats: NVFP4's 90 bytes, 160 and 320).
     #[inline]
     fn copy_out(&self, slot: u32, dst: &mut [u8]) {
         let base = slot as usize * self.stride + 1;
         let words = &self.slab[base..base + self.stride - 1];
+        match dst.len() {
+            90 => return copy_words::<90>(words, dst),
+            160 => return copy_words::<160>(words, dst),
+            320 => return copy_words::<320>(words, dst),
+            _ => {}
+        }
         let mut chunks = dst.chunks_exact_mut(8);
         for (d, w) in (&mut chunks).zip(words) {
             d.copy_from_slice(&w.load(Relaxed).to_le_bytes());
@@ -636,6 +658,9 @@ mod index;
 
 #[path = "cache_prefetch.rs"]
 mod prefetch;
+
+#[path = "cache_batch.rs"]
+mod batch;
 
 #[path = "cache_gather.rs"]
 mod gather;
