@@ -84,7 +84,9 @@ fn bench(c: &mut Criterion) {
 }
 
 /// ns per row of the three ways of copying the same rows, timed in alternating rounds (a shared
-/// machine's drift hits all alike): lookups one at a time, `lookup_batch`, and the copy from the
+/// machine's drift hits all alike): lookups one at a time, the same with the index line of the
+/// row 6 ahead prefetched (what `read_through` did before `lookup_batch`), `lookup_batch` (what a
+/// step does now), and the copy from the
 /// table (MMAP's warm gather, without the page tables). Steps of `rows` rows, cached (the cache
 /// is 64 MiB): "hot", the same step again and again (its lines stay in the CPU's caches); "cold
 /// lines", each step another of 256 (262,144 rows: its lines come from memory, as a real
@@ -113,7 +115,7 @@ fn side_by_side(cache: &RowCache, table: &[u8]) {
         let mut out = vec![0u8; rows * RB];
         // each round times `reps` steps of each way
         let reps = (256 * 1024 / rows).max(steps);
-        let mut t = [Vec::new(), Vec::new(), Vec::new()];
+        let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         let mut missed = 0u64;
         for _ in 0..15 {
             for (w, t) in t.iter_mut().enumerate() {
@@ -127,6 +129,16 @@ fn side_by_side(cache: &RowCache, table: &[u8]) {
                             }
                         }
                         1 => {
+                            // the lookups before lookup_batch: each with the index line of the
+                            // row 6 ahead prefetched
+                            for (i, (o, &id)) in out.chunks_exact_mut(RB).zip(ids).enumerate() {
+                                if let Some(&next) = ids.get(i + 6) {
+                                    cache.prefetch(next, false);
+                                }
+                                missed += !cache.lookup(black_box(id), o) as u64;
+                            }
+                        }
+                        2 => {
                             let h = cache.lookup_batch(black_box(ids), &mut out, |_, _| ());
                             missed += rows as u64 - h;
                         }
@@ -140,11 +152,11 @@ fn side_by_side(cache: &RowCache, table: &[u8]) {
             v.sort_by(f64::total_cmp);
             format!("{:.1} [{:.1}]", v[v.len() / 2], v[0])
         };
-        let [a, b, m] = &mut t;
-        let (a, b, m) = (fig(a), fig(b), fig(m));
+        let [a, p, b, m] = &mut t;
+        let (a, p, b, m) = (fig(a), fig(p), fig(b), fig(m));
         let what = if steps == 1 { "hot" } else { "cold lines" };
         println!(
-            "  steps of {rows:>4} rows, {what:<10}: lookup {a} | lookup_batch {b} | mapped copy {m}{}",
+            "  steps of {rows:>4} rows, {what:<10}: lookup {a} | lookup, index prefetched 6 ahead {p} | lookup_batch {b} | mapped copy {m}{}",
             if missed > 0 {
                 format!(" ({missed} lookups missed)")
             } else {

@@ -24,7 +24,10 @@
 //! the lock (a seqlock). Everything a lookup reads without the lock is an atomic word, so a
 //! racing read is a stale value, never undefined behaviour. The hit's policy bit is set with one
 //! compare-and-swap of the row's header, only when it changes (hot rows: none). Hits and misses
-//! are counted by the callers, once per batch ([`RowCache::record`]).
+//! are counted by the callers, once per batch ([`RowCache::record`]). A step's rows are looked
+//! up by [`RowCache::lookup_batch`] (`cache_batch.rs`): the same validated reads, pipelined over
+//! groups of rows with prefetches, so that the dependent memory loads of a lookup (index line,
+//! then slot) overlap across rows instead of following one another.
 //!
 //! # Policies
 //! - [`Policy::S3Fifo`] (the default; Yang et al., SOSP 2023): new rows enter a small FIFO (10%
