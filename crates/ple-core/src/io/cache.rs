@@ -547,7 +547,7 @@ impl Shard {
 
     /// Copies `slot`'s row into `dst` (`row_bytes` long), a word at a time (unrolled for the
     /// row sizes of the formats: NVFP4's 90 bytes, 160 and 320).
-    #[inline]
+    #[inline(always)]
     fn copy_out(&self, slot: u32, dst: &mut [u8]) {
         let base = slot as usize * self.stride + 1;
         let words = &self.slab[base..base + self.stride - 1];
@@ -588,7 +588,7 @@ impl Shard {
 
     /// A hit on `slot` (holding `id`): its policy bit or frequency, by compare-and-swap of the
     /// header (which fails, harmlessly, if a writer changed it meanwhile).
-    #[inline]
+    #[inline(always)]
     fn touch(&self, slot: u32, id: u64) {
         let a = self.hdr(slot);
         let h = a.load(Relaxed);

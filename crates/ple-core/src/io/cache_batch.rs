@@ -110,7 +110,7 @@ impl RowCache {
     }
 
     /// Pass 3 of one row: whether it is a hit (its row copied into `o`).
-    #[inline]
+    #[inline(always)]
     fn finish(&self, id: u64, h: u64, p: Probe, o: &mut [u8]) -> bool {
         let Probe::Read { seq, slot } = p else {
             return id < MAX_ROW_ID && self.lookup(id, o);
@@ -139,7 +139,7 @@ impl Shard {
     /// The slot of the first index entry from `h`'s home on whose hash bits match `h`'s before
     /// an empty entry ([`NONE`] if none): `find` without reading headers. Without the lock the
     /// answer is only good if `seq` did not change meanwhile.
-    #[inline]
+    #[inline(always)]
     fn probe_tag(&self, h: u64) -> u32 {
         let key = entry(h, 0);
         let n = self.index.len();
@@ -158,7 +158,7 @@ impl Shard {
     }
 
     /// Prefetches `slot`'s header and row lines.
-    #[inline]
+    #[inline(always)]
     fn prefetch_slot(&self, slot: u32) {
         if (slot as usize) < self.cap {
             let a = self.hdr(slot) as *const AtomicU64 as usize;
