@@ -36,6 +36,7 @@ fn bench(c: &mut Criterion) {
             cache.insert(id, &table[id as usize * RB..][..RB]);
         }
     }
+    side_by_side(&cache, &table);
     let mut out = vec![0u8; STEP_ROWS * RB];
     let mut g = c.benchmark_group("decode step of 64 tokens, all rows cached");
     g.throughput(Throughput::Elements(STEP_ROWS as u64));
@@ -46,6 +47,12 @@ fn bench(c: &mut Criterion) {
                 hits += cache.lookup(black_box(id), o) as usize;
             }
             assert_eq!(hits, STEP_ROWS);
+        })
+    });
+    g.bench_function("row cache lookup_batch", |b| {
+        b.iter(|| {
+            let hits = cache.lookup_batch(black_box(&ids), &mut out, |_, _| ());
+            assert_eq!(hits, STEP_ROWS as u64);
         })
     });
     // the same lookups split over two threads (shards shared between them)
@@ -74,6 +81,89 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
     misses(c);
+}
+
+/// ns per row of the three ways of copying the same rows, timed in alternating rounds (a shared
+/// machine's drift hits all alike): lookups one at a time, the same with the index line of the
+/// row 6 ahead prefetched (what `read_through` did before `lookup_batch`), `lookup_batch` (what a
+/// step does now), and the copy from the
+/// table (MMAP's warm gather, without the page tables). Steps of `rows` rows, cached (the cache
+/// is 64 MiB): "hot", the same step again and again (its lines stay in the CPU's caches); "cold
+/// lines", each step another of 256 (262,144 rows: its lines come from memory, as a real
+/// step's do).
+fn side_by_side(cache: &RowCache, table: &[u8]) {
+    use std::time::Instant;
+    println!(
+        "hit path vs mapped copy, ns per row (median of 15 alternating rounds; min in brackets):"
+    );
+    for (rows, steps) in [(128usize, 1usize), (1024, 1), (128, 2048), (1024, 256)] {
+        let all: Vec<Vec<u64>> = (0..steps as u64)
+            .map(|s| {
+                (0..rows as u64)
+                    .map(|i| splitmix64(i ^ (s << 32) ^ 0x5EED) % TABLE_ROWS)
+                    .collect()
+            })
+            .collect();
+        let mut row = vec![0u8; RB];
+        for ids in &all {
+            for &id in ids {
+                if !cache.lookup(id, &mut row) {
+                    cache.insert(id, &table[id as usize * RB..][..RB]);
+                }
+            }
+        }
+        let mut out = vec![0u8; rows * RB];
+        // each round times `reps` steps of each way
+        let reps = (256 * 1024 / rows).max(steps);
+        let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let mut missed = 0u64;
+        for _ in 0..15 {
+            for (w, t) in t.iter_mut().enumerate() {
+                let t0 = Instant::now();
+                for r in 0..reps {
+                    let ids = &all[r % steps];
+                    match w {
+                        0 => {
+                            for (o, &id) in out.chunks_exact_mut(RB).zip(ids) {
+                                missed += !cache.lookup(black_box(id), o) as u64;
+                            }
+                        }
+                        1 => {
+                            // the lookups before lookup_batch: each with the index line of the
+                            // row 6 ahead prefetched
+                            for (i, (o, &id)) in out.chunks_exact_mut(RB).zip(ids).enumerate() {
+                                if let Some(&next) = ids.get(i + 6) {
+                                    cache.prefetch(next, false);
+                                }
+                                missed += !cache.lookup(black_box(id), o) as u64;
+                            }
+                        }
+                        2 => {
+                            let h = cache.lookup_batch(black_box(ids), &mut out, |_, _| ());
+                            missed += rows as u64 - h;
+                        }
+                        _ => gather_serial(black_box(table), RB, ids, &mut out).unwrap(),
+                    }
+                }
+                t.push(t0.elapsed().as_nanos() as f64 / (reps * rows) as f64);
+            }
+        }
+        let fig = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            format!("{:.1} [{:.1}]", v[v.len() / 2], v[0])
+        };
+        let [a, p, b, m] = &mut t;
+        let (a, p, b, m) = (fig(a), fig(p), fig(b), fig(m));
+        let what = if steps == 1 { "hot" } else { "cold lines" };
+        println!(
+            "  steps of {rows:>4} rows, {what:<10}: lookup {a} | lookup, index prefetched 6 ahead {p} | lookup_batch {b} | mapped copy {m}{}",
+            if missed > 0 {
+                format!(" ({missed} lookups missed)")
+            } else {
+                String::new()
+            }
+        );
+    }
 }
 
 fn misses(c: &mut Criterion) {

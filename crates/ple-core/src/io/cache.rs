@@ -24,7 +24,10 @@
 //! the lock (a seqlock). Everything a lookup reads without the lock is an atomic word, so a
 //! racing read is a stale value, never undefined behaviour. The hit's policy bit is set with one
 //! compare-and-swap of the row's header, only when it changes (hot rows: none). Hits and misses
-//! are counted by the callers, once per batch ([`RowCache::record`]).
+//! are counted by the callers, once per batch ([`RowCache::record`]). A step's rows are looked
+//! up by [`RowCache::lookup_batch`] (`cache_batch.rs`): the same validated reads, pipelined over
+//! groups of rows with prefetches, so that the dependent memory loads of a lookup (index line,
+//! then slot) overlap across rows instead of following one another.
 //!
 //! # Policies
 //! - [`Policy::S3Fifo`] (the default; Yang et al., SOSP 2023): new rows enter a small FIFO (10%
@@ -429,6 +432,21 @@ impl RowCache {
     }
 }
 
+/// Copies a row of `RB` bytes from its words (the last one padded) into `dst` (`RB` long); the
+/// sizes known at compile time, the loop unrolls into one load and one store per word.
+#[inline(always)]
+fn copy_words<const RB: usize>(words: &[AtomicU64], dst: &mut [u8]) {
+    let dst: &mut [u8; RB] = dst.try_into().expect("one row");
+    let words = &words[..RB.div_ceil(8)];
+    for i in 0..RB / 8 {
+        dst[i * 8..i * 8 + 8].copy_from_slice(&words[i].load(Relaxed).to_le_bytes());
+    }
+    if RB % 8 != 0 {
+        let b = words[RB / 8].load(Relaxed).to_le_bytes();
+        dst[RB / 8 * 8..].copy_from_slice(&b[..RB % 8]);
+    }
+}
+
 /// Bytes per shard besides its slots' share: the rounding up of the index and ghost lengths
 /// and of the packed rows to whole words.
 const SHARD_ROUNDING: usize = 16;
@@ -527,11 +545,18 @@ impl Shard {
         self.hdr(slot).store((h & !0xFF) | b as u64, Relaxed);
     }
 
-    /// Copies `slot`'s row into `dst` (`row_bytes` long), a word at a time.
-    #[inline]
+    /// Copies `slot`'s row into `dst` (`row_bytes` long), a word at a time (unrolled for the
+    /// row sizes of the formats: NVFP4's 90 bytes, 160 and 320).
+    #[inline(always)]
     fn copy_out(&self, slot: u32, dst: &mut [u8]) {
         let base = slot as usize * self.stride + 1;
         let words = &self.slab[base..base + self.stride - 1];
+        match dst.len() {
+            90 => return copy_words::<90>(words, dst),
+            160 => return copy_words::<160>(words, dst),
+            320 => return copy_words::<320>(words, dst),
+            _ => {}
+        }
         let mut chunks = dst.chunks_exact_mut(8);
         for (d, w) in (&mut chunks).zip(words) {
             d.copy_from_slice(&w.load(Relaxed).to_le_bytes());
@@ -563,7 +588,7 @@ impl Shard {
 
     /// A hit on `slot` (holding `id`): its policy bit or frequency, by compare-and-swap of the
     /// header (which fails, harmlessly, if a writer changed it meanwhile).
-    #[inline]
+    #[inline(always)]
     fn touch(&self, slot: u32, id: u64) {
         let a = self.hdr(slot);
         let h = a.load(Relaxed);
@@ -636,6 +661,9 @@ mod index;
 
 #[path = "cache_prefetch.rs"]
 mod prefetch;
+
+#[path = "cache_batch.rs"]
+mod batch;
 
 #[path = "cache_gather.rs"]
 mod gather;

@@ -40,20 +40,15 @@ pub fn gather_cached(
     crate::io::gather::check_ids(ids, (src.len() / rb) as u64)?;
     let out = &mut out[..ids.len() * rb];
     let run = |ids: &[u64], out: &mut [u8]| {
-        let mut hits = 0u64;
-        for (i, (o, &r)) in out.chunks_exact_mut(rb).zip(ids).enumerate() {
+        cache.lookup_batch(ids, out, |i, o| {
+            let r = ids[i];
             if let Some(&next) = ids.get(i + PREFETCH_AHEAD) {
                 cache.prefetch(next, true);
             }
-            if cache.lookup(r, o) {
-                hits += 1;
-            } else {
-                let s = r as usize * rb;
-                o.copy_from_slice(&src[s..s + rb]);
-                cache.insert(r, o);
-            }
-        }
-        hits
+            let s = r as usize * rb;
+            o.copy_from_slice(&src[s..s + rb]);
+            cache.insert(r, o);
+        })
     };
     let mut g = CachedGather::default();
     match pool {
@@ -92,15 +87,7 @@ pub struct ReadThroughScratch {
 /// Looks `ids` up in `cache`, copying each hit into its row of `out`; appends the positions (in
 /// `ids`, offset by `first`) of the misses to `miss_pos`.
 fn lookups(cache: &RowCache, ids: &[u64], out: &mut [u8], first: usize, miss_pos: &mut Vec<usize>) {
-    let rb = cache.row_bytes();
-    for (i, (&r, o)) in ids.iter().zip(out.chunks_exact_mut(rb)).enumerate() {
-        if let Some(&next) = ids.get(i + PREFETCH_AHEAD) {
-            cache.prefetch(next, false);
-        }
-        if !cache.lookup(r, o) {
-            miss_pos.push(first + i);
-        }
-    }
+    cache.lookup_batch(ids, out, |i, _| miss_pos.push(first + i));
 }
 
 /// Fills `out` with rows `ids` (laid out as [`gather`](crate::io::gather::gather)) through

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 /// Asks the CPU to start loading the cache line at `addr` (any address: a prefetch never faults
 /// and changes nothing but the caches).
 #[inline(always)]
-fn prefetch_line(addr: usize) {
+pub(super) fn prefetch_line(addr: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: PREFETCHT0 performs no architectural memory access: it cannot fault whatever the
     // address, and SSE is part of the x86_64 baseline.

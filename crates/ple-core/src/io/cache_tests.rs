@@ -400,3 +400,96 @@ fn index_and_queues_stay_consistent_under_eviction() {
         }
     }
 }
+
+#[test]
+fn batched_lookups_race_an_evicting_writer_and_never_copy_a_wrong_row() {
+    // readers look batches up (duplicates included) while a writer inserts new rows without
+    // pause, evicting others: every row a batch reports as a hit is the table's row of its id,
+    // every other row is reported once, in order
+    for (cap, ids) in [(2usize, 6u64), (40, 200), (3000, 20_000)] {
+        for p in POLICIES {
+            let rb = 90;
+            let c = cache_of(cap, rb, p);
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let hits: u64 = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let mut r = 99u64;
+                    while !stop.load(Relaxed) {
+                        let id = skewed(&mut r, ids);
+                        c.insert(id, &row_of(id, rb));
+                    }
+                });
+                let readers: Vec<_> = (0..3u64)
+                    .map(|t| {
+                        let c = &c;
+                        s.spawn(move || {
+                            let mut r = t + 1;
+                            let mut hits = 0;
+                            for round in 0..20_000 {
+                                let n = 1 + (mix(r) % 70) as usize;
+                                let batch: Vec<u64> = (0..n).map(|_| skewed(&mut r, ids)).collect();
+                                let mut out = vec![0xEEu8; n * rb];
+                                let mut missed = vec![false; n];
+                                let mut last = None;
+                                let h = c.lookup_batch(&batch, &mut out, |i, _| {
+                                    assert!(last < Some(i), "misses in order, once each");
+                                    last = Some(i);
+                                    missed[i] = true;
+                                });
+                                assert_eq!(h, missed.iter().filter(|m| !**m).count() as u64);
+                                for (i, (&id, o)) in batch.iter().zip(out.chunks(rb)).enumerate() {
+                                    if !missed[i] {
+                                        assert_eq!(
+                                            o,
+                                            row_of(id, rb),
+                                            "{p:?} round {round}: row {id}"
+                                        );
+                                    }
+                                }
+                                hits += h;
+                            }
+                            hits
+                        })
+                    })
+                    .collect();
+                // the writer stops even if a reader failed (then the test fails, not hangs)
+                let done: Vec<_> = readers.into_iter().map(|h| h.join()).collect();
+                stop.store(true, Relaxed);
+                done.into_iter().map(|h| h.unwrap()).sum()
+            });
+            assert!(hits > 0, "{p:?} cap {cap}: no hits");
+            check_consistent(&c);
+        }
+    }
+}
+
+proptest::proptest! {
+    /// On one thread a batch finds exactly the rows one-at-a-time lookups find, copies the
+    /// table's rows, and reports the others as misses (in order).
+    #[test]
+    fn a_batch_finds_what_single_lookups_find(
+        inserted in proptest::collection::vec(0u64..400, 0..600),
+        batch in proptest::collection::vec(0u64..500, 0..100),
+        cap in 1usize..300,
+        sieve: bool,
+    ) {
+        let p = if sieve { Policy::Sieve } else { Policy::S3Fifo };
+        let rb = 20;
+        let c = cache_of(cap, rb, p);
+        for &id in &inserted {
+            c.insert(id, &row_of(id, rb));
+        }
+        let mut out = vec![0u8; batch.len() * rb];
+        let mut missed = Vec::new();
+        let hits = c.lookup_batch(&batch, &mut out, |i, _| missed.push(i));
+        let mut dst = vec![0u8; rb];
+        let want: Vec<usize> = (0..batch.len()).filter(|&i| !c.lookup(batch[i], &mut dst)).collect();
+        proptest::prop_assert_eq!(&missed, &want);
+        proptest::prop_assert_eq!(hits as usize, batch.len() - want.len());
+        for (i, (&id, o)) in batch.iter().zip(out.chunks(rb)).enumerate() {
+            if !want.contains(&i) {
+                proptest::prop_assert_eq!(o, &row_of(id, rb)[..]);
+            }
+        }
+    }
+}
