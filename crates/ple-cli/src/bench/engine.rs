@@ -107,6 +107,24 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         for on in [false, true] {
             let prompt = &prompts[(on as usize + pair) % 2];
             let p = open(a)?;
+            if on && pair == 0 {
+                // the floor of each chunk: the rows it must read (its distinct rows not in an
+                // earlier chunk) at the device's IOPS, less the compute before it
+                let mut seen = std::collections::HashSet::new();
+                for (k, st) in prompt.iter().enumerate() {
+                    let u = super::steps::ids_of(&p, st)?
+                        .into_iter()
+                        .filter(|&id| seen.insert(id))
+                        .count();
+                    let read_ms = u as f64 / iops.max(1.0) * 1e3;
+                    let compute = if k == 0 {
+                        a.prefill_before_ms
+                    } else {
+                        a.prefill_before_ms + a.prefill_after_ms
+                    };
+                    floors[k] = (read_ms - compute).max(0.0);
+                }
+            }
             let t0 = Instant::now();
             if on {
                 for st in prompt {
@@ -116,17 +134,6 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
             for (k, st) in prompt.iter().enumerate() {
                 let w = engine_step(&p, st, k as u64 + 1, pb, pa)?;
                 waits[on as usize][k] += ms(w) / a.pairs as f64;
-                if on && pair == 0 {
-                    // rows read (an upper bound: a row twice in a chunk is read once)
-                    let u = st.batch().tokens.len() * 16;
-                    let read_ms = u as f64 / iops.max(1.0) * 1e3;
-                    let compute = if k == 0 {
-                        a.prefill_before_ms
-                    } else {
-                        a.prefill_before_ms + a.prefill_after_ms
-                    };
-                    floors[k] = (read_ms - compute).max(0.0);
-                }
             }
             ttft[on as usize] += ms(t0.elapsed() - pa) / a.pairs as f64;
             // decode: 1 + drafts tokens per request, the next step's read ahead one step early
