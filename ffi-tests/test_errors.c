@@ -34,6 +34,12 @@ int main(void) {
     CHECK(opts.cuda_device == -1);
     CHECK(opts.wait_timeout_us == 300000000ull);
     CHECK(ple_last_error_message()[0] == '\0'); /* success clears the text */
+    CHECK(opts.ahead_max_rows == 0); /* read-ahead queue: sized to the row cache */
+
+    /* read-ahead: a NULL or stale handle is a status, never a crash */
+    CHECK_STATUS(ple_prefetch_ahead(NULL, NULL), PLE_E_INVALID_ARGUMENT);
+    CHECK_STATUS(ple_prefetch_ahead(h, NULL), PLE_E_INVALID_ARGUMENT);
+    CHECK_STATUS(ple_prefetch_ahead_tokens(NULL, NULL), PLE_E_INVALID_ARGUMENT);
 
     /* ple_open argument checks */
     CHECK_STATUS(ple_open(NULL, &opts, &h), PLE_E_INVALID_ARGUMENT);

@@ -260,6 +260,12 @@ typedef struct ple_options {
    * The shard this handle serves, `0..shard_count` (default 0).
    */
   uint32_t shard_index;
+  /**
+   * Most rows queued for read-ahead (`ple_prefetch_ahead`); beyond it the oldest queued rows
+   * are dropped (`ple_counters.ahead_dropped`). 0 (the default) = the row cache's capacity in
+   * rows, or 262,144 without a cache (appended in 0.1.x).
+   */
+  uint64_t ahead_max_rows;
 } ple_options;
 
 /**
@@ -449,6 +455,21 @@ typedef struct ple_counters {
    * `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
    */
   uint64_t storage_reads;
+  /**
+   * Read-ahead (`ple_prefetch_ahead`, appended in 0.1.x): rows asked; read into the row cache
+   * (or the page cache); dropped (beyond `options.ahead_max_rows`, a failed read, the handle
+   * closing, or DIRECT mode without a row cache); found already cached when their turn came.
+   * Once the queue is drained, `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
+   */
+  uint64_t ahead_asked;
+  uint64_t ahead_read;
+  uint64_t ahead_dropped;
+  uint64_t ahead_cached;
+  /**
+   * Rows of steps found in the row cache that a read-ahead had brought in (part of
+   * `cache_hits`).
+   */
+  uint64_t ahead_hits;
 } ple_counters;
 
 /**
@@ -945,6 +966,31 @@ ple_status ple_submit_tokens(struct ple_handle *handle, const struct ple_token_b
  * `batch` as in `ple_submit_tokens`; `out_ids` is NULL or holds `num_tokens * 16` writable ids.
  */
 ple_status ple_ngram_ids_tokens(const struct ple_handle *handle, const struct ple_token_batch *batch, int64_t *out_ids);
+
+/**
+ * Read-ahead: hashes `batch` as `ple_submit` would (stateless context, or tracked history as it
+ * stands plus the batch's own earlier tokens) and queues its rows for a background reader, then
+ * returns at once. No history changes, no ring slot is taken, no seq is used; the batch may be
+ * longer than `max_tokens_per_step` (a whole prompt at request admission, or the drafts of the
+ * next verify step). The reader fills the row cache (DIRECT, or MMAP with a cache) or the page
+ * cache (MMAP without one) and yields to submitted steps between batches of 64 rows. Rows are
+ * never wrong either way: a step reads what the cache lacks. Beyond `options.ahead_max_rows`
+ * queued rows the oldest are dropped. Counted in `ple_counters.ahead_*`.
+ *
+ * # Safety
+ * `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states (read only during
+ * the call).
+ */
+ple_status ple_prefetch_ahead(struct ple_handle *handle, const struct ple_batch *batch);
+
+/**
+ * `ple_prefetch_ahead` of a per-token batch (`ple_token_batch`, as `ple_submit_tokens` takes).
+ *
+ * # Safety
+ * `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
+ * it states.
+ */
+ple_status ple_prefetch_ahead_tokens(struct ple_handle *handle, const struct ple_token_batch *batch);
 
 /* ==============================================================================================
  * GPU: fused dequant, CUDA Graph mode, device errors

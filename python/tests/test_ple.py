@@ -93,6 +93,31 @@ def test_a_row_cache_of_the_size_asked_for(table_dir):
         assert s["cache_hits"] >= 8 * 16  # the second step's rows were all cached
 
 
+def test_prefetch_ahead_fills_the_cache_and_changes_no_history(table_dir):
+    import time
+
+    with ple.Table(table_dir, max_tokens_per_step=64, num_threads=2, cache_bytes=8 << 20, io_mode="mmap") as t:
+        ids_before = t.ngram_ids(**TWO)
+        t.prefetch_ahead(**TWO)
+        t.prefetch_ahead(**TWO, token_request_ids=None)
+        deadline = time.monotonic() + 20
+        while True:
+            s = t.stats()
+            if s["ahead_asked"] == s["ahead_read"] + s["ahead_dropped"] + s["ahead_cached"]:
+                break
+            assert time.monotonic() < deadline, s
+            time.sleep(0.001)
+        assert s["ahead_asked"] == 2 * 8 * 16
+        assert np.array_equal(t.ngram_ids(**TWO), ids_before)  # no history change
+        rows = t.submit(**TWO).packed_rows().copy()
+        assert np.array_equal(rows.reshape(-1, rows.shape[-1]), file_rows(table_dir, ids_before.reshape(-1)))
+        s = t.stats()
+        assert s["cache_misses"] == 0 and s["ahead_hits"] == s["ahead_read"] > 0
+        t.close()
+        with pytest.raises(ple.PleError):
+            t.prefetch_ahead(**TWO)
+
+
 def test_packed_rows_are_the_table_rows_at_the_ids(table, table_dir):
     ids = table.ngram_ids(**TWO)
     step = table.submit(**TWO)

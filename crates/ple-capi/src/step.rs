@@ -315,3 +315,46 @@ pub unsafe extern "C" fn ple_ngram_ids_tokens(
         Ok(())
     })
 }
+
+/// Read-ahead: hashes `batch` as `ple_submit` would (stateless context, or tracked history as it
+/// stands plus the batch's own earlier tokens) and queues its rows for a background reader, then
+/// returns at once. No history changes, no ring slot is taken, no seq is used; the batch may be
+/// longer than `max_tokens_per_step` (a whole prompt at request admission, or the drafts of the
+/// next verify step). The reader fills the row cache (DIRECT, or MMAP with a cache) or the page
+/// cache (MMAP without one) and yields to submitted steps between batches of 64 rows. Rows are
+/// never wrong either way: a step reads what the cache lacks. Beyond `options.ahead_max_rows`
+/// queued rows the oldest are dropped. Counted in `ple_counters.ahead_*`.
+///
+/// # Safety
+/// `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states (read only during
+/// the call).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_prefetch_ahead(
+    handle: *mut ple_handle,
+    batch: *const ple_batch,
+) -> ple_status {
+    ffi_guard!({
+        let h = handle_ref(handle)?;
+        // SAFETY: `batch` meets this function's contract.
+        let b = unsafe { batch_arg(batch, h.ngram_size())? };
+        h.prefetch_ahead(&b)
+    })
+}
+
+/// `ple_prefetch_ahead` of a per-token batch (`ple_token_batch`, as `ple_submit_tokens` takes).
+///
+/// # Safety
+/// `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
+/// it states.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_prefetch_ahead_tokens(
+    handle: *mut ple_handle,
+    batch: *const ple_token_batch,
+) -> ple_status {
+    ffi_guard!({
+        let h = handle_ref(handle)?;
+        // SAFETY: `batch` is as token_batch_arg requires, by this function's contract.
+        let g = unsafe { token_batch_arg(batch, h.ngram_size())? };
+        h.prefetch_ahead_tokens(&g)
+    })
+}

@@ -179,6 +179,10 @@ pub struct ple_options {
     pub shard_count: u32,
     /// The shard this handle serves, `0..shard_count` (default 0).
     pub shard_index: u32,
+    /// Most rows queued for read-ahead (`ple_prefetch_ahead`); beyond it the oldest queued rows
+    /// are dropped (`ple_counters.ahead_dropped`). 0 (the default) = the row cache's capacity in
+    /// rows, or 262,144 without a cache (appended in 0.1.x).
+    pub ahead_max_rows: u64,
 }
 
 /// Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
@@ -360,6 +364,17 @@ pub struct ple_stats {
     /// Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
     /// `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
     pub storage_reads: u64,
+    /// Read-ahead (`ple_prefetch_ahead`, appended in 0.1.x): rows asked; read into the row cache
+    /// (or the page cache); dropped (beyond `options.ahead_max_rows`, a failed read, the handle
+    /// closing, or DIRECT mode without a row cache); found already cached when their turn came.
+    /// Once the queue is drained, `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
+    pub ahead_asked: u64,
+    pub ahead_read: u64,
+    pub ahead_dropped: u64,
+    pub ahead_cached: u64,
+    /// Rows of steps found in the row cache that a read-ahead had brought in (part of
+    /// `cache_hits`).
+    pub ahead_hits: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -402,6 +417,7 @@ pub fn options_to_c(o: &OpenOptions) -> ple_options {
         },
         shard_count: o.shard.count,
         shard_index: o.shard.index,
+        ahead_max_rows: o.ahead_max_rows,
     }
 }
 
@@ -460,6 +476,7 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
             index: c.shard_index,
             count: c.shard_count,
         },
+        ahead_max_rows: c.ahead_max_rows,
         // (not in the C struct: the core's defaults)
         ..OpenOptions::default()
     };
@@ -603,6 +620,11 @@ pub fn counters_to_c(k: &Counters) -> ple_stats {
         cache_misses: k.cache_misses,
         cache_bytes_used: k.cache_bytes_used,
         storage_reads: k.storage_reads,
+        ahead_asked: k.ahead_asked,
+        ahead_read: k.ahead_read,
+        ahead_dropped: k.ahead_dropped,
+        ahead_cached: k.ahead_cached,
+        ahead_hits: k.ahead_hits,
     }
 }
 

@@ -109,6 +109,37 @@ pub struct BenchArgs {
     pub warm_only: bool,
     #[command(flatten)]
     pub steady: crate::steady::SteadyArgs,
+    /// The engine loop with read-ahead off/on (`bench/engine.rs`).
+    #[arg(long)]
+    pub engine: bool,
+    /// --engine: tokens per prompt, per prefill chunk; pairs of off/on runs.
+    #[arg(long, default_value_t = 16384)]
+    pub engine_prompt_tokens: usize,
+    #[arg(long, default_value_t = 2048)]
+    pub chunk_tokens: usize,
+    #[arg(long, default_value_t = 2)]
+    pub pairs: usize,
+    /// --engine: compute before and after PLE per prefill chunk and per decode step (ms).
+    #[arg(long, default_value_t = 2.0)]
+    pub prefill_before_ms: f64,
+    #[arg(long, default_value_t = 600.0)]
+    pub prefill_after_ms: f64,
+    #[arg(long, default_value_t = 2.0)]
+    pub decode_before_ms: f64,
+    #[arg(long, default_value_t = 20.0)]
+    pub decode_after_ms: f64,
+    /// --engine: decode steps, requests per step, drafts per request.
+    #[arg(long, default_value_t = 32)]
+    pub decode_steps: usize,
+    #[arg(long, default_value_t = 8)]
+    pub decode_requests: usize,
+    #[arg(long, default_value_t = 4)]
+    pub drafts: usize,
+    /// --engine: row cache of the DIRECT handles (MiB); steps timed for the p99 check.
+    #[arg(long, default_value_t = 256)]
+    pub engine_cache_mib: u64,
+    #[arg(long, default_value_t = 400)]
+    pub p99_steps: usize,
 }
 
 /// `ple demo [--work-dir DIR]`
@@ -388,6 +419,9 @@ pub fn lookup_ids(params: &ple_core::model::HashParams, tokens: &[i32]) -> Resul
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
+    if a.engine {
+        return crate::bench::engine::run(&a);
+    }
     if a.steady.steady {
         return crate::steady::run(&a);
     }

@@ -28,7 +28,7 @@ enum Cmd {
     /// Print the 16 row ids of each token of one sequence starting at position 0.
     Lookup(cli::LookupArgs),
     /// Benchmark a table: prefill and decode steps, warm and cold, against baselines.
-    Bench(cli::BenchArgs),
+    Bench(Box<cli::BenchArgs>),
     /// End to end on a generated table: pack, open, replay an engine, verify, report.
     Demo(cli::DemoArgs),
     /// Write a generated table (for tests and benchmarks).
@@ -45,7 +45,7 @@ fn main() {
         Cmd::Pack(a) => cli::pack(a),
         Cmd::Inspect(a) => cli::inspect(a),
         Cmd::Lookup(a) => cli::lookup(a),
-        Cmd::Bench(a) => cli::bench(a),
+        Cmd::Bench(a) => cli::bench(*a),
         Cmd::Demo(a) => cli::demo(a),
         Cmd::SynthTable(a) => cli::synth_table(a),
         Cmd::SynthCheckpoint(a) => cli::synth_checkpoint(a),

@@ -68,6 +68,11 @@ pub struct Stats {
     pub cache_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     pub storage_reads: AtomicU64,
+    pub ahead_asked: AtomicU64,
+    pub ahead_read: AtomicU64,
+    pub ahead_dropped: AtomicU64,
+    pub ahead_cached: AtomicU64,
+    pub ahead_hits: AtomicU64,
 }
 
 /// What one completed step adds to the counters.
@@ -184,6 +189,11 @@ impl Stats {
             cache_misses: g(&self.cache_misses),
             cache_bytes_used: 0,
             storage_reads: g(&self.storage_reads),
+            ahead_asked: g(&self.ahead_asked),
+            ahead_read: g(&self.ahead_read),
+            ahead_dropped: g(&self.ahead_dropped),
+            ahead_cached: g(&self.ahead_cached),
+            ahead_hits: g(&self.ahead_hits),
         }
     }
 }
@@ -227,6 +237,29 @@ pub struct Counters {
     /// Storage requests issued: DIRECT read requests (after merging); MMAP: WILLNEED calls plus
     /// major faults.
     pub storage_reads: u64,
+    /// Read-ahead (`Pipeline::prefetch_ahead`): rows asked; read into the cache; dropped (the
+    /// queue's bound, a failed read, the handle closing, or DIRECT without a row cache);
+    /// already cached when their turn came. Once the queue is drained `ahead_asked =
+    /// ahead_read + ahead_dropped + ahead_cached`.
+    pub ahead_asked: u64,
+    pub ahead_read: u64,
+    pub ahead_dropped: u64,
+    pub ahead_cached: u64,
+    /// Step rows found in the row cache that a read-ahead had admitted (part of `cache_hits`).
+    pub ahead_hits: u64,
+}
+
+impl Counters {
+    /// Hits over all row lookups across tiers (FBGEMM #5777's overall hit rate): the steps'
+    /// rows served by the row cache over all the steps' rows (0 with no rows).
+    pub fn overall_hit_rate(&self) -> f64 {
+        let rows = self.prefill_rows + self.decode_rows;
+        if rows == 0 {
+            0.0
+        } else {
+            self.cache_hits as f64 / rows as f64
+        }
+    }
 }
 
 /// Nanoseconds of a duration, saturating.

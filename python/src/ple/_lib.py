@@ -60,6 +60,7 @@ class ple_options(Structure):
         ("io_mode", c_int32),
         ("shard_count", c_uint32),
         ("shard_index", c_uint32),
+        ("ahead_max_rows", c_uint64),
     ]
 
 
@@ -130,6 +131,7 @@ COUNTER_FIELDS = [
     "wait_ns", "prefill_step_ns", "decode_step_ns", "timeouts", "failed_steps",
     "resident_pages", "table_pages", "mem_available_bytes", "queue_ns",
     "cache_hits", "cache_misses", "cache_bytes_used", "storage_reads",
+    "ahead_asked", "ahead_read", "ahead_dropped", "ahead_cached", "ahead_hits",
 ]  # fmt: skip
 
 
@@ -175,6 +177,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ple_stats": (c_int32, [h, POINTER(ple_counters)]),
         "ple_submit": (c_int32, [h, POINTER(ple_batch), c_uint64]),
         "ple_submit_tokens": (c_int32, [h, POINTER(ple_token_batch), c_uint64]),
+        "ple_prefetch_ahead": (c_int32, [h, POINTER(ple_batch)]),
+        "ple_prefetch_ahead_tokens": (c_int32, [h, POINTER(ple_token_batch)]),
         "ple_wait": (c_int32, [h, c_uint64, c_uint64]),
         "ple_packed_rows": (c_int32, [h, c_uint64, POINTER(POINTER(c_uint8)), c_uint32_p]),
         "ple_release_step": (c_int32, [h, c_uint64]),

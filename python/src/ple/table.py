@@ -102,7 +102,8 @@ class Table:
     `shard_count` tensor/data-parallel ranks: the handle reads only heads
     `[info["shard_first_head"], + info["shard_heads"])`, `packed_rows` has that many rows per
     token, and `dequant_*` write -0.0 in the other heads' columns, so an all-reduce (sum) of every
-    rank's output is the whole table's output bit for bit).
+    rank's output is the whole table's output bit for bit), `ahead_max_rows` (the bound of
+    `prefetch_ahead`'s queue; 0 = the row cache's capacity).
     """
 
     def __init__(self, path: PathLike, **options: Any):
@@ -235,6 +236,26 @@ class Table:
         del keep  # libple copied the batch
         self._last_seq = s
         return Step(self, s, n)
+
+    def prefetch_ahead(
+        self,
+        tokens: ArrayLike,
+        positions: ArrayLike,
+        *,
+        request_ids: Optional[ArrayLike] = None,
+        query_start: Optional[ArrayLike] = None,
+        token_request_ids: Optional[ArrayLike] = None,
+        context: Optional[ArrayLike] = None,
+    ) -> None:
+        """Reads the rows of tokens known ahead of their step in the background
+        (`ple_prefetch_ahead`): a prompt's later chunks at request admission, the drafts of the
+        next verify step. Same arguments as `submit` (no `seq`: nothing is submitted); returns at
+        once, changes no tracked history, may be longer than `max_tokens_per_step`. Counted in
+        `stats()["ahead_*"]`."""
+        b, keep, _ = self._batch(tokens, positions, request_ids, query_start, token_request_ids, context)
+        fn = lib.ple_prefetch_ahead_tokens if isinstance(b, ple_token_batch) else lib.ple_prefetch_ahead
+        check(fn(self._ptr, ctypes.byref(b)))
+        del keep  # libple hashed the batch during the call
 
     def ngram_ids(
         self,

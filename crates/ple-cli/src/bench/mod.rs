@@ -20,6 +20,7 @@
 
 mod cold;
 mod cpu_split;
+pub(crate) mod engine;
 mod floor;
 pub(crate) mod memory;
 mod report;

@@ -667,6 +667,9 @@ mod batch;
 
 #[path = "cache_gather.rs"]
 mod gather;
+
+#[path = "cache_ahead.rs"]
+mod ahead;
 pub use gather::{CachedGather, ReadThroughScratch, gather_cached, read_through};
 
 #[cfg(test)]

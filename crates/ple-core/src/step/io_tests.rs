@@ -394,3 +394,7 @@ fn direct_cold_reads_warm_the_page_cache_afterwards() {
     let c2 = p.counters();
     assert!(c2.pages_prefetched >= pages.len() as u64, "{c2:?}");
 }
+
+// Read-ahead (`ahead.rs`).
+#[path = "tests_ahead.rs"]
+mod ahead;

@@ -4,6 +4,7 @@
 //! `ring` (slots and step status) · `shared` (what all threads share: park, publish, free) ·
 //! `worker` (the worker thread) · `gpu` (graph and device entry points) · [`options`].
 
+mod ahead;
 mod consume;
 mod gpu;
 pub mod options;

@@ -85,6 +85,9 @@ pub struct OpenOptions {
     /// reads, caches and counts only its heads' rows, and its outputs hold -0.0 in the other
     /// heads' columns.
     pub shard: Shard,
+    /// Most rows queued for read-ahead (`Pipeline::prefetch_ahead`); beyond it the oldest are
+    /// dropped. 0 (the default) = the row cache's capacity in rows, or without a cache 2^18.
+    pub ahead_max_rows: u64,
 }
 
 /// MMAP: the most rows of a step that [`ColdReads::Direct`] or [`ColdReads::Buffered`] reads
@@ -126,6 +129,7 @@ impl Default for OpenOptions {
             force_pread: false,
             cold_reads: ColdReads::Direct,
             shard: Shard::WHOLE,
+            ahead_max_rows: 0,
         }
     }
 }

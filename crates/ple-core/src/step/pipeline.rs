@@ -205,6 +205,8 @@ impl Pipeline {
             },
         };
         let cache_budget = if cache.is_some() { cache_bytes } else { 0 };
+        let ahead =
+            super::ahead::Ahead::new(super::ahead::queue_cap(opts.ahead_max_rows, cache.as_ref()));
         let tracker = {
             let m = table.meta();
             Tracker::new(m.ngram_size, m.hash.eos_token_id, opts.history_window)?
@@ -237,6 +239,8 @@ impl Pipeline {
             cache_budget,
             direct,
             cold,
+            ahead,
+            submitted: AtomicU64::new(0),
             opts,
             #[cfg(test)]
             hooks: TestHooks::default(),
@@ -493,6 +497,7 @@ impl Pipeline {
                 .push_back((seq, Error::State("the worker thread has stopped".into())));
             return Err(Error::State("the worker thread has stopped".into()));
         }
+        sh.submitted.store(seq, Ordering::Release);
         Ok(())
     }
 
@@ -571,6 +576,7 @@ impl Pipeline {
         if let Some(g) = &self.sh.gpu {
             g.begin_close(); // device waits and the worker's slot waits stop now
         }
+        self.sh.ahead.stop();
         let _ring = lock(&self.sh.ring);
         self.sh.cv.notify_all();
     }
@@ -587,6 +593,10 @@ impl Drop for Pipeline {
         lock(&self.submit_state).tx = None;
         if let Some(w) = self.worker.take() {
             let _ = w.join();
+        }
+        self.sh.ahead.stop();
+        if let Some(t) = lock(&self.sh.ahead.thread).take() {
+            let _ = t.join();
         }
         if let Some(sh) = Arc::get_mut(&mut self.sh) {
             drop(sh.pool.take());

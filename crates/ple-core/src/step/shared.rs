@@ -109,6 +109,11 @@ pub(super) struct Shared {
     /// MMAP mode: how prefetching steps of at most `COLD_READ_MAX_ROWS` rows read their rows. Used by
     /// the worker only.
     pub(super) cold: ColdReader,
+    /// Read-ahead's queue and reader thread (`ahead.rs`).
+    pub(super) ahead: super::ahead::Ahead,
+    /// Highest seq submitted (stored after its job is sent): the reader waits while it is above
+    /// `done`.
+    pub(super) submitted: AtomicU64,
     #[cfg(test)]
     pub(super) hooks: TestHooks,
 }

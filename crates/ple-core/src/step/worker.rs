@@ -76,6 +76,7 @@ impl Shared {
         self.hash_step(job, w)?;
         let t1 = Instant::now();
         rec.hash_ns = stats::ns(t1 - t0);
+        self.count_ahead_hits(&w.ids);
         if let Some(d) = &self.direct {
             return self.read_direct(d, job, w, rec, t1);
         }

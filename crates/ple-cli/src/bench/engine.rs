@@ -1,0 +1,257 @@
+//! `ple bench <table> --engine`: an engine loop (time in the layers before PLE, submit, wait,
+//! time after it) over English prompts in chunks, then decode steps of 1 + `drafts` tokens per
+//! request, each run paired off/on read-ahead (`Pipeline::prefetch_ahead`) on a fresh DIRECT
+//! handle with a row cache (reopened: the cache starts empty; the file's pages are dropped with
+//! POSIX_FADV_DONTNEED), the prompts swapped between the two in every other pair. On: every
+//! chunk of a prompt is read ahead at admission; the drafts of the next decode step are read
+//! ahead after the current step is submitted. Prints the exposed wait (submit + `wait`) per
+//! chunk beside its floor, max(0, the chunk's reads at the device's QD64 IOPS − the compute
+//! before it), the TTFT, the decode steps' wait, and the p99 of a cached step submitted while
+//! read-ahead runs against the same step idle.
+
+use super::steps::{Shape, Step, make_steps};
+use crate::cli::BenchArgs;
+use ple_core::error::Result;
+use ple_core::step::{IoMode, OpenOptions, Pipeline};
+use ple_testkit::corpus::Corpus;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn open(a: &BenchArgs) -> Result<Pipeline> {
+    let o = OpenOptions {
+        num_threads: a.threads,
+        io_mode: IoMode::Direct,
+        cache_bytes: a.engine_cache_mib << 20,
+        max_tokens_per_step: a.chunk_tokens as u32,
+        ..OpenOptions::default()
+    };
+    let p = Pipeline::open(&a.table_dir, o)?;
+    let fd = p.table().file().as_raw_fd();
+    let _ = ple_core::sys::fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
+    Ok(p)
+}
+
+/// One step through the engine loop: compute before, submit + wait (returned), compute after.
+fn engine_step(
+    p: &Pipeline,
+    st: &Step,
+    seq: u64,
+    before: Duration,
+    after: Duration,
+) -> Result<Duration> {
+    std::thread::sleep(before);
+    let t = Instant::now();
+    p.submit(&st.batch(), seq)?;
+    p.wait(seq, u64::MAX)?;
+    let w = t.elapsed();
+    p.release_step(seq)?;
+    std::thread::sleep(after);
+    Ok(w)
+}
+
+fn p99(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 * 0.99) as usize).min(v.len() - 1)]
+}
+
+pub(crate) fn run(a: &BenchArgs) -> Result<()> {
+    let probe = Pipeline::open(
+        &a.table_dir,
+        OpenOptions {
+            io_mode: IoMode::Mmap,
+            cache_bytes: 0,
+            ..OpenOptions::default()
+        },
+    )?;
+    let meta = probe.table().meta().clone();
+    let corpus = Corpus::new(meta.hash.vocab_size, meta.hash.eos_token_id);
+    let size = probe.table().bytes().len() as u64;
+    let iops = super::floor::qd64_iops(probe.table().rows_path(), size, 512, 20_000).unwrap_or(0.0);
+    drop(probe);
+    println!(
+        "device: {iops:.0} IOPS (512 B random O_DIRECT reads at QD64, libple's own io_uring probe)"
+    );
+    let chunks = a.engine_prompt_tokens.div_ceil(a.chunk_tokens);
+    let shape = |_seed: u64| Shape {
+        name: "prompt".into(),
+        reqs: 1,
+        toks: a.chunk_tokens,
+        steps: chunks,
+    };
+    let ms_ = |x: f64| Duration::from_secs_f64(x / 1e3);
+    let (pb, pa) = (ms_(a.prefill_before_ms), ms_(a.prefill_after_ms));
+    let (db, da) = (ms_(a.decode_before_ms), ms_(a.decode_after_ms));
+    let mut waits = [vec![0f64; chunks], vec![0f64; chunks]];
+    let mut ttft = [0f64; 2];
+    let mut dec = [0f64; 2];
+    let mut floors = vec![0f64; chunks];
+    for pair in 0..a.pairs {
+        let prompts = [
+            make_steps(
+                &corpus,
+                &shape(0),
+                100 + 2 * pair as u64,
+                meta.hash.eos_token_id,
+            ),
+            make_steps(
+                &corpus,
+                &shape(0),
+                101 + 2 * pair as u64,
+                meta.hash.eos_token_id,
+            ),
+        ];
+        for on in [false, true] {
+            let prompt = &prompts[(on as usize + pair) % 2];
+            let p = open(a)?;
+            if on && pair == 0 {
+                // the floor of each chunk: the rows it must read (its distinct rows not in an
+                // earlier chunk) at the device's IOPS, less the compute before it
+                let mut seen = std::collections::HashSet::new();
+                for (k, st) in prompt.iter().enumerate() {
+                    let u = super::steps::ids_of(&p, st)?
+                        .into_iter()
+                        .filter(|&id| seen.insert(id))
+                        .count();
+                    let read_ms = u as f64 / iops.max(1.0) * 1e3;
+                    let compute = if k == 0 {
+                        a.prefill_before_ms
+                    } else {
+                        a.prefill_before_ms + a.prefill_after_ms
+                    };
+                    floors[k] = (read_ms - compute).max(0.0);
+                }
+            }
+            let t0 = Instant::now();
+            if on {
+                for st in prompt {
+                    p.prefetch_ahead(&st.batch())?;
+                }
+            }
+            for (k, st) in prompt.iter().enumerate() {
+                let w = engine_step(&p, st, k as u64 + 1, pb, pa)?;
+                waits[on as usize][k] += ms(w) / a.pairs as f64;
+            }
+            ttft[on as usize] += ms(t0.elapsed() - pa) / a.pairs as f64;
+            // decode: 1 + drafts tokens per request, the next step's read ahead one step early
+            let dshape = Shape {
+                name: "decode".into(),
+                reqs: a.decode_requests,
+                toks: 1 + a.drafts,
+                steps: a.decode_steps,
+            };
+            let steps = make_steps(
+                &corpus,
+                &dshape,
+                500 + pair as u64 + 7 * on as u64,
+                meta.hash.eos_token_id,
+            );
+            let base = chunks as u64;
+            let mut sum = 0.0;
+            for (k, st) in steps.iter().enumerate() {
+                std::thread::sleep(db);
+                let t = Instant::now();
+                p.submit(&st.batch(), base + k as u64 + 1)?;
+                if on {
+                    if let Some(next) = steps.get(k + 1) {
+                        p.prefetch_ahead(&next.batch())?;
+                    }
+                }
+                p.wait(base + k as u64 + 1, u64::MAX)?;
+                if k > 0 {
+                    sum += ms(t.elapsed());
+                }
+                p.release_step(base + k as u64 + 1)?;
+                std::thread::sleep(da);
+            }
+            dec[on as usize] += sum / (steps.len().max(2) - 1) as f64 / a.pairs as f64;
+            let c = p.counters();
+            println!(
+                "pair {pair} read-ahead {}: ttft so far; ahead asked {} read {} dropped {} cached {} hits {}; cache hits {} misses {} (overall hit rate {:.3})",
+                if on { "on " } else { "off" },
+                c.ahead_asked,
+                c.ahead_read,
+                c.ahead_dropped,
+                c.ahead_cached,
+                c.ahead_hits,
+                c.cache_hits,
+                c.cache_misses,
+                c.overall_hit_rate()
+            );
+        }
+    }
+    println!(
+        "prefill {} tokens in {}-token chunks, compute {} ms before / {} ms after each; {} pairs",
+        a.engine_prompt_tokens, a.chunk_tokens, a.prefill_before_ms, a.prefill_after_ms, a.pairs
+    );
+    println!("chunk  exposed wait off (ms)  on (ms)  on/off  floor (ms)");
+    for k in 0..chunks {
+        println!(
+            "{k:>5}  {:>21.2}  {:>7.2}  {:>6.3}  {:>10.2}",
+            waits[0][k],
+            waits[1][k],
+            waits[1][k] / waits[0][k].max(1e-9),
+            floors[k]
+        );
+    }
+    let later = |v: &[f64]| v[1..].iter().sum::<f64>();
+    if chunks > 1 {
+        println!(
+            "chunks after the first: exposed wait on/off = {:.3} (target <= 0.10)",
+            later(&waits[1]) / later(&waits[0]).max(1e-9)
+        );
+    }
+    println!("TTFT off {:.1} ms, on {:.1} ms", ttft[0], ttft[1]);
+    println!(
+        "decode ({} requests x (1 + {} drafts), {} ms / {} ms compute): wait per step off {:.3} ms, on {:.3} ms, on/off {:.3} (target <= 0.20)",
+        a.decode_requests,
+        a.drafts,
+        a.decode_before_ms,
+        a.decode_after_ms,
+        dec[0],
+        dec[1],
+        dec[1] / dec[0].max(1e-9)
+    );
+    // p99 of a cached step while read-ahead runs vs idle
+    let p = open(a)?;
+    let dshape = Shape {
+        name: "p99".into(),
+        reqs: 8,
+        toks: 1,
+        steps: 1,
+    };
+    let st = &make_steps(&corpus, &dshape, 900, meta.hash.eos_token_id)[0];
+    let mut seq = 0u64;
+    let mut time = |p: &Pipeline, n: usize| -> Result<Vec<f64>> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            seq += 1;
+            let t = Instant::now();
+            p.submit(&st.batch(), seq)?;
+            p.wait(seq, u64::MAX)?;
+            v.push(ms(t.elapsed()) * 1e3);
+            p.release_step(seq)?;
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        Ok(v)
+    };
+    time(&p, 10)?;
+    let mut idle = time(&p, a.p99_steps)?;
+    let bg = make_steps(&corpus, &shape(0), 999, meta.hash.eos_token_id);
+    for b in &bg {
+        p.prefetch_ahead(&b.batch())?;
+    }
+    let mut busy = time(&p, a.p99_steps)?;
+    let c = p.counters();
+    println!(
+        "cached 8x1 step: p99 idle {:.1} µs, while read-ahead runs {:.1} µs, ratio {:.3} (target <= 1.2); ahead rows read meanwhile {}",
+        p99(&mut idle),
+        p99(&mut busy),
+        p99(&mut busy.clone()) / p99(&mut idle.clone()).max(1e-9),
+        c.ahead_read
+    );
+    Ok(())
+}

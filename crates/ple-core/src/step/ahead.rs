@@ -1,0 +1,349 @@
+//! Read-ahead (`ple_prefetch_ahead`): the rows of tokens known before their step (a prompt's
+//! later chunks at admission, drafts before verification) read in the background into the row
+//! cache (DIRECT, or MMAP with a cache) or the page cache (MMAP without one).
+//!
+//! Threading: the caller hashes the batch (reading tracked history, changing none, claiming no
+//! ring slot) and appends its row ids to a bounded queue; a dedicated reader thread per handle
+//! (`ple-ahead`, started on the first call, niced to 10) takes them `AHEAD_BATCH_ROWS` at a time.
+//! Before each batch it waits while a submitted step is not yet done (`submitted > done`), so a
+//! step waits for at most the one batch of reads in flight when it was submitted. The reader has
+//! its own descriptors (its own io_uring), never the worker's.
+//!
+//! Invariants: read-ahead only fills caches (a step's rows are read or copied as without it);
+//! the queue holds at most `cap` rows, the oldest dropped beyond it; once the queue is drained,
+//! `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
+
+use super::shared::{Shared, lock};
+use crate::error::{Error, Result};
+use crate::io::cache::RowCache;
+use crate::io::direct::DirectReader;
+use crate::io::prefetch::{self, UringPrefetcher};
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Rows read per batch: a step submitted meanwhile waits for at most these reads.
+pub(super) const AHEAD_BATCH_ROWS: usize = 64;
+/// Queue bound of an MMAP handle without a row cache when `ahead_max_rows` is 0 (about 2.4 s of
+/// reads at 100k IOPS; 2 MiB of ids).
+pub(super) const AHEAD_DEFAULT_ROWS_NO_CACHE: usize = 1 << 18;
+/// How often the reader looks again while a submitted step is not done.
+const STEP_POLL: Duration = Duration::from_micros(20);
+
+/// What the caller and the reader share.
+pub(super) struct Ahead {
+    q: Mutex<Queue>,
+    cv: Condvar,
+    /// Most rows queued.
+    pub(super) cap: usize,
+    /// Rows the reader admitted to the row cache that no step has looked up since (at most
+    /// `cap`; beyond it all are forgotten, so `ahead_hits` undercounts, never overcounts).
+    marks: Mutex<HashSet<u64>>,
+    marks_len: AtomicUsize,
+    pub(super) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    rows: VecDeque<u64>,
+    stop: bool,
+}
+
+impl Ahead {
+    pub(super) fn new(cap: usize) -> Ahead {
+        Ahead {
+            q: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+            cap: cap.max(1),
+            marks: Mutex::new(HashSet::new()),
+            marks_len: AtomicUsize::new(0),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Stops the reader after its batch in flight (the rows still queued count as dropped).
+    pub(super) fn stop(&self) {
+        lock(&self.q).stop = true;
+        self.cv.notify_all();
+    }
+}
+
+/// The queue bound of a handle: `ahead_max_rows`, or with 0 the row cache's capacity (MMAP
+/// without a cache: [`AHEAD_DEFAULT_ROWS_NO_CACHE`]).
+pub(super) fn queue_cap(max_rows: u64, cache: Option<&RowCache>) -> usize {
+    match (max_rows, cache) {
+        (0, Some(c)) => c.capacity_rows(),
+        (0, None) => AHEAD_DEFAULT_ROWS_NO_CACHE,
+        (n, _) => n.min(usize::MAX as u64) as usize,
+    }
+}
+
+impl Shared {
+    /// Queues `ids` (hashed, checked) for the reader, dropping the oldest queued rows beyond the
+    /// bound; DIRECT mode without a row cache has nowhere to put rows: all count as dropped.
+    pub(super) fn queue_ahead(self: &Arc<Self>, ids: &[u64]) -> Result<()> {
+        let st = &self.stats;
+        let n = ids.len() as u64;
+        if self.direct.is_some() && self.cache.is_none() {
+            st.ahead_asked.fetch_add(n, Relaxed);
+            st.ahead_dropped.fetch_add(n, Relaxed);
+            return Ok(());
+        }
+        self.start_ahead()?;
+        let a = &self.ahead;
+        let mut q = lock(&a.q);
+        if q.stop {
+            return Err(Error::State("the handle is closing".into()));
+        }
+        // counted under the queue's lock, so a drained queue always balances
+        st.ahead_asked.fetch_add(n, Relaxed);
+        let keep = &ids[ids.len().saturating_sub(a.cap)..];
+        let over = (q.rows.len() + keep.len()).saturating_sub(a.cap);
+        q.rows.drain(..over);
+        st.ahead_dropped
+            .fetch_add(over as u64 + (ids.len() - keep.len()) as u64, Relaxed);
+        q.rows.extend(keep);
+        drop(q);
+        a.cv.notify_one();
+        Ok(())
+    }
+
+    fn start_ahead(self: &Arc<Self>) -> Result<()> {
+        let mut t = lock(&self.ahead.thread);
+        if t.is_none() {
+            let sh = self.clone();
+            *t = Some(
+                std::thread::Builder::new()
+                    .name("ple-ahead".into())
+                    .spawn(move || ahead_main(sh))
+                    .map_err(|e| Error::io("starting the read-ahead thread", e))?,
+            );
+        }
+        Ok(())
+    }
+
+    /// Worker, before a step's cache lookups: counts the step's rows that a read-ahead admitted
+    /// and the cache still holds (they are about to be hits) as `ahead_hits`, and forgets
+    /// their marks. Costs nothing while no mark is held.
+    pub(super) fn count_ahead_hits(&self, ids: &[u64]) {
+        let (Some(c), a) = (&self.cache, &self.ahead) else {
+            return;
+        };
+        if a.marks_len.load(Relaxed) == 0 {
+            return;
+        }
+        let mut m = lock(&a.marks);
+        let hits = ids
+            .iter()
+            .filter(|&&id| m.remove(&id) && c.contains(id))
+            .count();
+        a.marks_len.store(m.len(), Relaxed);
+        drop(m);
+        self.stats.ahead_hits.fetch_add(hits as u64, Relaxed);
+    }
+
+    /// Whether a step was submitted and is not yet done.
+    fn step_pending(&self) -> bool {
+        self.submitted.load(Acquire) > self.done.load(Acquire)
+    }
+
+    /// Whether row `id` is in the tier read-ahead fills (the row cache; else the page cache,
+    /// the page of the row's first byte).
+    fn ahead_cached(&self, id: u64) -> bool {
+        match &self.cache {
+            Some(c) => c.contains(id),
+            None => prefetch::sample_resident(self.table.bytes(), &[id], self.table.row_bytes(), 1),
+        }
+    }
+}
+
+/// The reader's own descriptors.
+enum Reader {
+    Direct(DirectReader),
+    Buffered(UringPrefetcher),
+    Pread,
+}
+
+impl Reader {
+    fn open(sh: &Shared) -> Reader {
+        let t = &sh.table;
+        if sh.direct.is_some() {
+            match DirectReader::open(t.rows_path(), t.row_bytes(), sh.opts.force_pread) {
+                Ok(d) => return Reader::Direct(d),
+                Err(e) => log::info!("read-ahead: buffered reads ({e})"),
+            }
+        }
+        match UringPrefetcher::open(t.rows_path()) {
+            Some(u) => Reader::Buffered(u),
+            None => Reader::Pread,
+        }
+    }
+
+    /// Reads rows `ids` into `out` (row `i` at `out[i * rb..]`).
+    fn read(&mut self, sh: &Shared, ids: &[u64], out: &mut [u8]) -> Result<()> {
+        let rb = sh.table.row_bytes();
+        match self {
+            Reader::Direct(d) => d.read_rows(ids, out).map(|_| ()),
+            Reader::Buffered(u) => u.read_rows(ids, rb, out).map(|_| ()),
+            Reader::Pread => {
+                use std::os::unix::fs::FileExt;
+                for (&id, o) in ids.iter().zip(out.chunks_exact_mut(rb)) {
+                    sh.table
+                        .file()
+                        .read_exact_at(o, id * rb as u64)
+                        .map_err(|e| Error::io(format!("reading row {id} ahead"), e))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Lowers the calling thread's scheduling priority (nice 10); a refusal only keeps it as is.
+fn lower_priority() {
+    // SAFETY: gettid and setpriority take no pointers; on Linux PRIO_PROCESS with a thread id
+    // changes that thread only.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+    }
+}
+
+fn ahead_main(sh: Arc<Shared>) {
+    lower_priority();
+    let rb = sh.table.row_bytes();
+    let mut reader = Reader::open(&sh);
+    let mut batch: Vec<u64> = Vec::with_capacity(AHEAD_BATCH_ROWS);
+    let mut misses: Vec<u64> = Vec::with_capacity(AHEAD_BATCH_ROWS);
+    let mut buf = vec![0u8; AHEAD_BATCH_ROWS * rb];
+    let st = &sh.stats;
+    let a = &sh.ahead;
+    loop {
+        // submitted steps first
+        while sh.step_pending() && !sh.closing.load(Relaxed) {
+            std::thread::sleep(STEP_POLL);
+        }
+        {
+            let mut q = lock(&a.q);
+            loop {
+                if q.stop || sh.closing.load(Relaxed) {
+                    st.ahead_dropped.fetch_add(q.rows.len() as u64, Relaxed);
+                    q.rows.clear();
+                    return;
+                }
+                if !q.rows.is_empty() {
+                    break;
+                }
+                q =
+                    a.cv.wait_timeout(q, Duration::from_millis(100))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+            }
+            if sh.step_pending() {
+                continue; // (woken while a step waits: the step first)
+            }
+            let n = q.rows.len().min(AHEAD_BATCH_ROWS);
+            batch.clear();
+            batch.extend(q.rows.drain(..n));
+        }
+        misses.clear();
+        for &id in &batch {
+            // (a row twice in one batch is read once: its second ask counts as cached)
+            if misses.contains(&id) || sh.ahead_cached(id) {
+                st.ahead_cached.fetch_add(1, Relaxed);
+            } else {
+                misses.push(id);
+            }
+        }
+        if misses.is_empty() {
+            continue;
+        }
+        let out = &mut buf[..misses.len() * rb];
+        match reader.read(&sh, &misses, out) {
+            Ok(()) => {
+                if let Some(c) = &sh.cache {
+                    let mut m = lock(&a.marks);
+                    if m.len() + misses.len() > a.cap {
+                        m.clear();
+                    }
+                    for (&id, row) in misses.iter().zip(out.chunks_exact(rb)) {
+                        c.admit(id, row);
+                        m.insert(id);
+                    }
+                    a.marks_len.store(m.len(), Relaxed);
+                }
+                st.ahead_read.fetch_add(misses.len() as u64, Relaxed);
+            }
+            Err(e) => {
+                log::debug!("read-ahead of {} rows: {e}", misses.len());
+                st.ahead_dropped.fetch_add(misses.len() as u64, Relaxed);
+            }
+        }
+    }
+}
+
+impl super::pipeline::Pipeline {
+    /// Queues the rows of `b`'s tokens for read-ahead (see the module doc) and returns: the
+    /// batch is validated and hashed as `submit` would (stateless context, or tracked history
+    /// as it stands plus the batch's own earlier tokens), but no history changes and no ring
+    /// slot is taken. Not bounded by `max_tokens_per_step` (a whole prompt may be asked at once).
+    pub fn prefetch_ahead(&self, b: &crate::lookup::context::Batch) -> Result<()> {
+        let sh = &self.sh;
+        if sh.closing.load(Relaxed) {
+            return Err(Error::State("the handle is closing".into()));
+        }
+        let meta = sh.table.meta();
+        crate::lookup::context::validate_batch(b, meta.hash.vocab_size, u32::MAX)?;
+        let k = meta.ngram_size as usize - 1;
+        if let Some(c) = b.context {
+            let want = b.request_ids.len() * k;
+            if c.len() != want {
+                return crate::invalid!(
+                    "batch.context has {} entries, expected num_requests × (ngram_size - 1) = {want}",
+                    c.len()
+                );
+            }
+        }
+        let ctx = {
+            let t = lock(&self.tracker);
+            crate::lookup::context::resolve_contexts_checked(
+                b,
+                Some(&t),
+                meta.hash.eos_token_id,
+                meta.ngram_size,
+            )?
+        };
+        let mut ids = vec![0u64; b.tokens.len() * sh.heads.len()];
+        sh.hasher
+            .ids_for_heads(b.tokens, &ctx, sh.heads.clone(), sh.row_base, &mut ids);
+        crate::io::gather::check_ids(&ids, meta.total_rows)?;
+        sh.queue_ahead(&ids)
+    }
+
+    /// [`prefetch_ahead`](Self::prefetch_ahead) of a per-token batch (`ple_prefetch_ahead_tokens`).
+    pub fn prefetch_ahead_tokens(&self, g: &crate::lookup::tokens::Grouped) -> Result<()> {
+        self.prefetch_ahead(&g.batch())
+    }
+
+    /// Waits up to `timeout` until the read-ahead queue is drained (every row asked is read,
+    /// dropped or found cached); returns whether it was.
+    pub fn wait_ahead_idle(&self, timeout: Duration) -> bool {
+        let st = &self.sh.stats;
+        let t0 = std::time::Instant::now();
+        loop {
+            let asked = st.ahead_asked.load(Acquire);
+            let done = st.ahead_read.load(Acquire)
+                + st.ahead_dropped.load(Acquire)
+                + st.ahead_cached.load(Acquire);
+            if done >= asked {
+                return true;
+            }
+            if t0.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
