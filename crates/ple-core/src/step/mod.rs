@@ -6,6 +6,7 @@
 
 mod consume;
 mod gpu;
+mod headroom;
 pub mod options;
 pub mod pipeline;
 mod ring;
