@@ -89,7 +89,7 @@ static int libple_catches_its_own(ple_handle *h, const char *dir) {
     uint32_t qs[2] = {0, 1};
     ple_batch b = {&tok, &pos, 1, &rid, qs, 1, ctx};
     int ok = 1;
-    for (uint64_t seq = 1; seq <= 4; seq++) {
+    for (uint64_t seq = 2; seq <= 5; seq++) {
         tok = (int32_t)(seq * 13 % in.vocab_size);
         CHECK_STATUS(ple_submit(h, &b, seq), PLE_OK);
         ple_status st = ple_wait(h, seq, 20 * 1000 * 1000);
@@ -102,13 +102,24 @@ static int libple_catches_its_own(ple_handle *h, const char *dir) {
     return ok;
 }
 
+/* An MMAP handle that never prefetches: every step copies its rows from the mapping (no cold
+ * reads past it), and one step has run (libple installs its handler at the first copy). */
 static ple_handle *open_mmap(const char *dir) {
     ple_options o;
     ple_options_default(&o);
     o.num_threads = 2;
     o.io_mode = PLE_IO_MMAP;
+    o.prefetch_policy = PLE_PREFETCH_NEVER;
     ple_handle *h = NULL;
     CHECK_STATUS(ple_open(dir, &o, &h), PLE_OK);
+    if (h == NULL) return NULL;
+    int32_t tok = 1, pos = 2, ctx[2] = {3, 5};
+    uint64_t rid = 1;
+    uint32_t qs[2] = {0, 1};
+    ple_batch b = {&tok, &pos, 1, &rid, qs, 1, ctx};
+    CHECK_STATUS(ple_submit(h, &b, 1), PLE_OK);
+    CHECK_STATUS(ple_wait(h, 1, 20 * 1000 * 1000), PLE_OK);
+    ple_release_step(h, 1);
     return h;
 }
 
