@@ -360,6 +360,12 @@ pub struct ple_stats {
     /// Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
     /// `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
     pub storage_reads: u64,
+    /// Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
+    /// stalled on the device past 50 ms) and handed it to a reaper thread, which frees the
+    /// handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
+    /// the ones the reaper has freed (their difference: handles still held by stalled reads).
+    pub abandoned_handles: u64,
+    pub reaped_handles: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -603,6 +609,8 @@ pub fn counters_to_c(k: &Counters) -> ple_stats {
         cache_misses: k.cache_misses,
         cache_bytes_used: k.cache_bytes_used,
         storage_reads: k.storage_reads,
+        abandoned_handles: ple_core::step::reaper::abandoned_handles(),
+        reaped_handles: ple_core::step::reaper::reaped_handles(),
     }
 }
 

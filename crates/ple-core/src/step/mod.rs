@@ -9,6 +9,7 @@ mod gpu;
 mod headroom;
 pub mod options;
 pub mod pipeline;
+pub mod reaper;
 mod ring;
 mod shared;
 mod worker;

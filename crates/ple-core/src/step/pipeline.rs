@@ -577,23 +577,47 @@ impl Pipeline {
 }
 
 impl Drop for Pipeline {
-    /// Stops the worker after the step it is running (queued steps are abandoned), joins it, then
-    /// drops the pool and joins its threads: nothing of the handle outlives the call.
+    /// Stops the worker after the step it is running (queued steps are abandoned) and joins it,
+    /// then drops the pool and joins its threads. A worker that does not stop within
+    /// [`reaper::CLOSE_WAIT`] (a read stalled on the device) is joined by a reaper thread instead,
+    /// which then frees the rest (see `reaper`): the drop returns within about 50 ms.
     fn drop(&mut self) {
         self.sh.closing.store(true, Ordering::SeqCst);
         if let Some(g) = &self.sh.gpu {
             g.begin_close();
         }
         lock(&self.submit_state).tx = None;
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
+        if !super::reaper::join_within(&mut self.worker) {
+            let worker = self.worker.take();
+            let mut sh = self.sh.clone();
+            let pool_threads = self.pool_threads.clone();
+            super::reaper::hand_over(move || {
+                if let Some(w) = worker {
+                    let _ = w.join();
+                }
+                // the closing Pipeline drops its reference right after handing this over
+                for _ in 0..10_000 {
+                    if Arc::strong_count(&sh) == 1 {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                release_pool(&mut sh, &pool_threads);
+            });
+            return;
         }
-        if let Some(sh) = Arc::get_mut(&mut self.sh) {
-            drop(sh.pool.take());
-            let handles = std::mem::take(&mut *lock(&self.pool_threads));
-            for h in handles {
-                let _ = h.join();
-            }
+        release_pool(&mut self.sh, &self.pool_threads);
+    }
+}
+
+/// Drops the gather pool and joins its threads, once `sh` is the last reference to the shared
+/// state (the worker has returned).
+fn release_pool(sh: &mut Arc<Shared>, pool_threads: &Mutex<Vec<JoinHandle<()>>>) {
+    if let Some(sh) = Arc::get_mut(sh) {
+        drop(sh.pool.take());
+        let handles = std::mem::take(&mut *lock(pool_threads));
+        for h in handles {
+            let _ = h.join();
         }
     }
 }
