@@ -451,7 +451,7 @@ typedef struct ple_counters {
   uint64_t storage_reads;
   /**
    * Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
-   * stalled on the device past 50 ms) and handed it to a reaper thread, which frees the
+   * stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
    * handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
    * the ones the reaper has freed (their difference: handles still held by stalled reads).
    */
@@ -806,7 +806,7 @@ ple_status ple_open(const char *table_dir, const struct ple_options *options, st
 /**
  * Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
  * have returned, then stops its worker after the step in flight, unmaps the table and frees
- * everything. A worker that does not stop within 50 ms (a read stalled on the device) is handed
+ * everything. A worker that does not stop within 30 ms (a read stalled on the device) is handed
  * to a detached reaper thread, which joins it and frees the handle once the kernel completes the
  * read: `ple_close` is bounded whatever the storage does (`ple_counters.abandoned_handles`).
  *

@@ -128,7 +128,7 @@ pub unsafe extern "C" fn ple_open(
 
 /// Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
 /// have returned, then stops its worker after the step in flight, unmaps the table and frees
-/// everything. A worker that does not stop within 50 ms (a read stalled on the device) is handed
+/// everything. A worker that does not stop within 30 ms (a read stalled on the device) is handed
 /// to a detached reaper thread, which joins it and frees the handle once the kernel completes the
 /// read: `ple_close` is bounded whatever the storage does (`ple_counters.abandoned_handles`).
 ///

@@ -361,7 +361,7 @@ pub struct ple_stats {
     /// `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
     pub storage_reads: u64,
     /// Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
-    /// stalled on the device past 50 ms) and handed it to a reaper thread, which frees the
+    /// stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
     /// handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
     /// the ones the reaper has freed (their difference: handles still held by stalled reads).
     pub abandoned_handles: u64,

@@ -580,7 +580,7 @@ impl Drop for Pipeline {
     /// Stops the worker after the step it is running (queued steps are abandoned) and joins it,
     /// then drops the pool and joins its threads. A worker that does not stop within
     /// [`reaper::CLOSE_WAIT`] (a read stalled on the device) is joined by a reaper thread instead,
-    /// which then frees the rest (see `reaper`): the drop returns within about 50 ms.
+    /// which then frees the rest (see `reaper`): the drop returns within about 30 ms.
     fn drop(&mut self) {
         self.sh.closing.store(true, Ordering::SeqCst);
         if let Some(g) = &self.sh.gpu {

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long a close waits for the worker before handing the handle to a reaper.
-pub const CLOSE_WAIT: Duration = Duration::from_millis(50);
+pub const CLOSE_WAIT: Duration = Duration::from_millis(30);
 
 static ABANDONED: AtomicU64 = AtomicU64::new(0);
 static REAPED: AtomicU64 = AtomicU64::new(0);
