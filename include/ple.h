@@ -470,6 +470,14 @@ typedef struct ple_counters {
    * `cache_hits`).
    */
   uint64_t ahead_hits;
+  /**
+   * Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
+   * stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
+   * handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
+   * the ones the reaper has freed (their difference: handles still held by stalled reads).
+   */
+  uint64_t abandoned_handles;
+  uint64_t reaped_handles;
 } ple_counters;
 
 /**
@@ -819,7 +827,9 @@ ple_status ple_open(const char *table_dir, const struct ple_options *options, st
 /**
  * Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
  * have returned, then stops its worker after the step in flight, unmaps the table and frees
- * everything: when `ple_close` returns nothing of the handle is left running.
+ * everything. A worker that does not stop within 30 ms (a read stalled on the device) is handed
+ * to a detached reaper thread, which joins it and frees the handle once the kernel completes the
+ * read: `ple_close` is bounded whatever the storage does (`ple_counters.abandoned_handles`).
  *
  * Calls on the handle from other threads that are blocked (`ple_wait`, `ple_submit` on a full
  * ring, the wait inside `ple_dequant_*`, `ple_packed_rows` and `ple_release_step`) return

@@ -17,6 +17,7 @@ command -v cmake >/dev/null || need_apt+=(cmake)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v g++ >/dev/null || need_apt+=(g++)
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)   # scripts/faultfs.py (the faultfs tests)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -32,6 +33,9 @@ cargo fmt --check
 cargo clippy --release --all-targets -- -D warnings
 
 step "Rust tests (unit, integration, header drift, Python oracles)"
+# the faultfs tests (FUSE fault injection) are required where /dev/fuse exists, skipped elsewhere
+if [ -e /dev/fuse ]; then export PLE_FAULTFS_REQUIRED=1
+else echo "no /dev/fuse: the faultfs tests (crates/ple-capi/tests/faultfs.rs) skip"; fi
 cargo test --release
 
 step "CUDA kernels: PTX drift and ptxas for every target"

@@ -128,7 +128,9 @@ pub unsafe extern "C" fn ple_open(
 
 /// Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
 /// have returned, then stops its worker after the step in flight, unmaps the table and frees
-/// everything: when `ple_close` returns nothing of the handle is left running.
+/// everything. A worker that does not stop within 30 ms (a read stalled on the device) is handed
+/// to a detached reaper thread, which joins it and frees the handle once the kernel completes the
+/// read: `ple_close` is bounded whatever the storage does (`ple_counters.abandoned_handles`).
 ///
 /// Calls on the handle from other threads that are blocked (`ple_wait`, `ple_submit` on a full
 /// ring, the wait inside `ple_dequant_*`, `ple_packed_rows` and `ple_release_step`) return

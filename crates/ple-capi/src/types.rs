@@ -375,6 +375,12 @@ pub struct ple_stats {
     /// Rows of steps found in the row cache that a read-ahead had brought in (part of
     /// `cache_hits`).
     pub ahead_hits: u64,
+    /// Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
+    /// stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
+    /// handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
+    /// the ones the reaper has freed (their difference: handles still held by stalled reads).
+    pub abandoned_handles: u64,
+    pub reaped_handles: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -625,6 +631,8 @@ pub fn counters_to_c(k: &Counters) -> ple_stats {
         ahead_dropped: k.ahead_dropped,
         ahead_cached: k.ahead_cached,
         ahead_hits: k.ahead_hits,
+        abandoned_handles: ple_core::step::reaper::abandoned_handles(),
+        reaped_handles: ple_core::step::reaper::reaped_handles(),
     }
 }
 

@@ -132,6 +132,7 @@ COUNTER_FIELDS = [
     "resident_pages", "table_pages", "mem_available_bytes", "queue_ns",
     "cache_hits", "cache_misses", "cache_bytes_used", "storage_reads",
     "ahead_asked", "ahead_read", "ahead_dropped", "ahead_cached", "ahead_hits",
+    "abandoned_handles", "reaped_handles",
 ]  # fmt: skip
 
 

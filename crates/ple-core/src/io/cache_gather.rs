@@ -19,8 +19,10 @@ pub struct CachedGather {
 }
 
 /// Gathers `ids` into `out` (laid out as [`gather`](crate::io::gather::gather)) through `cache`:
-/// a cached row is copied from the cache, any other from `src` (the mapped row file) and then
-/// inserted. Big sets run on `pool` in chunks, as the plain gather does.
+/// a cached row is copied from the cache, any other from `src` (the mapped row file, read only
+/// through [`guard::copy_rows`](crate::io::guard::copy_rows), so a SIGBUS is an `Error::Io` and
+/// nothing is inserted for the row that faulted) and then inserted. Big sets run on `pool` in
+/// chunks, as the plain gather does; the first chunk's error is returned.
 pub fn gather_cached(
     cache: &RowCache,
     src: &[u8],
@@ -39,37 +41,56 @@ pub fn gather_cached(
     }
     crate::io::gather::check_ids(ids, (src.len() / rb) as u64)?;
     let out = &mut out[..ids.len() * rb];
-    let run = |ids: &[u64], out: &mut [u8]| {
-        cache.lookup_batch(ids, out, |i, o| {
+    let run = |ids: &[u64], out: &mut [u8]| -> Result<u64> {
+        // the first fault ends the copying: later misses are left unfilled and uninserted
+        let mut fault = None;
+        let hits = cache.lookup_batch(ids, out, |i, o| {
+            if fault.is_some() {
+                return;
+            }
             let r = ids[i];
             if let Some(&next) = ids.get(i + PREFETCH_AHEAD) {
                 cache.prefetch(next, true);
             }
-            let s = r as usize * rb;
-            o.copy_from_slice(&src[s..s + rb]);
-            cache.insert(r, o);
-        })
+            match crate::io::guard::copy_rows(src, rb, &[r], o) {
+                Ok(()) => cache.insert(r, o),
+                Err(e) => fault = Some(e),
+            }
+        });
+        match fault {
+            Some(e) => Err(e),
+            None => Ok(hits),
+        }
     };
     let mut g = CachedGather::default();
     match pool {
         Some(pool) if crate::io::gather::runs_on_pool(ids.len(), pool) => {
             let chunk = crate::io::gather::pool_chunk(ids.len(), pool);
-            let acc = Mutex::new(CachedGather::default());
+            let acc = Mutex::new((CachedGather::default(), None));
             pool.in_place_scope(|s| {
                 for (o, i) in out.chunks_mut(chunk * rb).zip(ids.chunks(chunk)) {
                     let acc = &acc;
                     let run = &run;
                     s.spawn(move |_| {
-                        let (hits, d) = measure(false, || run(i, o));
+                        let (r, d) = measure(false, || run(i, o));
                         let mut a = acc.lock().unwrap_or_else(|p| p.into_inner());
-                        a.io.add(d);
-                        a.hits += hits;
+                        a.0.io.add(d);
+                        match r {
+                            Ok(hits) => a.0.hits += hits,
+                            Err(e) => {
+                                a.1.get_or_insert(e);
+                            }
+                        }
                     });
                 }
             });
-            g = acc.into_inner().unwrap_or_else(|p| p.into_inner());
+            let (a, err) = acc.into_inner().unwrap_or_else(|p| p.into_inner());
+            if let Some(e) = err {
+                return Err(e);
+            }
+            g = a;
         }
-        _ => g.hits = run(ids, out),
+        _ => g.hits = run(ids, out)?,
     }
     g.misses = ids.len() as u64 - g.hits;
     cache.record(g.hits, g.misses);

@@ -12,6 +12,8 @@ use crate::error::{Error, Result};
 
 unsafe extern "C" {
     fn ple_guard_install() -> libc::c_int;
+    fn ple_guard_in_place() -> libc::c_int;
+    fn ple_guard_passed_on() -> u64;
     fn ple_guarded_gather(
         base: *const u8,
         map_len: usize,
@@ -33,6 +35,20 @@ pub fn install() -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Whether the process's SIGBUS disposition is libple's handler now (false before the first
+/// [`install`], or after a host replaced it).
+pub fn in_place() -> bool {
+    // SAFETY: reads the disposition with sigaction(NULL new action); no arguments.
+    unsafe { ple_guard_in_place() != 0 }
+}
+
+/// SIGBUS signals libple's handler passed on to the previous disposition (a signal sent by
+/// kill/tgkill, or a fault outside an armed copy) since the process started.
+pub fn passed_on() -> u64 {
+    // SAFETY: an atomic load; no arguments.
+    unsafe { ple_guard_passed_on() }
 }
 
 /// Copies rows `ids` (each checked `< src.len() / row_bytes` by the caller) of `row_bytes` from
@@ -75,3 +91,7 @@ pub fn copy_rows(src: &[u8], row_bytes: usize, ids: &[u64], out: &mut [u8]) -> R
         ),
     ))
 }
+
+#[cfg(test)]
+#[path = "guard_tests.rs"]
+mod tests;

@@ -7,8 +7,10 @@
 mod ahead;
 mod consume;
 mod gpu;
+mod headroom;
 pub mod options;
 pub mod pipeline;
+pub mod reaper;
 mod ring;
 mod shared;
 mod worker;

@@ -224,29 +224,4 @@ impl OpenOptions {
     }
 }
 
-/// Bytes this process can still allocate: the smaller of MemAvailable (`/proc/meminfo`) and the
-/// cgroup v2 headroom (`memory.max - memory.current`); `None` when neither can be read.
-pub fn memory_headroom() -> Option<u64> {
-    let read = |p: &str| std::fs::read_to_string(p).ok();
-    let mem_available = read("/proc/meminfo").and_then(|t| {
-        t.lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .and_then(|kb| kb.checked_mul(1024))
-    });
-    let cgroup = (|| {
-        let max = read("/sys/fs/cgroup/memory.max")?
-            .trim()
-            .parse::<u64>()
-            .ok()?;
-        let cur = read("/sys/fs/cgroup/memory.current")?
-            .trim()
-            .parse::<u64>()
-            .ok()?;
-        Some(max.saturating_sub(cur))
-    })();
-    match (mem_available, cgroup) {
-        (Some(a), Some(c)) => Some(a.min(c)),
-        (a, c) => a.or(c),
-    }
-}
+pub use super::headroom::memory_headroom;

@@ -583,27 +583,50 @@ impl Pipeline {
 }
 
 impl Drop for Pipeline {
-    /// Stops the worker after the step it is running (queued steps are abandoned), joins it, then
-    /// drops the pool and joins its threads: nothing of the handle outlives the call.
+    /// Stops the worker after the step it is running (queued steps are abandoned) and joins it,
+    /// then drops the pool and joins its threads. A worker that does not stop within
+    /// [`reaper::CLOSE_WAIT`] (a read stalled on the device) is joined by a reaper thread instead,
+    /// which then frees the rest (see `reaper`): the drop returns within about 30 ms.
     fn drop(&mut self) {
         self.sh.closing.store(true, Ordering::SeqCst);
         if let Some(g) = &self.sh.gpu {
             g.begin_close();
         }
         lock(&self.submit_state).tx = None;
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
-        }
         self.sh.ahead.stop();
-        if let Some(t) = lock(&self.sh.ahead.thread).take() {
-            let _ = t.join();
+        let ahead = lock(&self.sh.ahead.thread).take();
+        // both hold a reference to `sh`: the pool is released only after both returned
+        let mut threads = [self.worker.take(), ahead];
+        if !super::reaper::join_within(&mut threads) {
+            let mut sh = self.sh.clone();
+            let pool_threads = self.pool_threads.clone();
+            super::reaper::hand_over(move || {
+                for t in threads.into_iter().flatten() {
+                    let _ = t.join();
+                }
+                // the closing Pipeline drops its reference right after handing this over
+                for _ in 0..10_000 {
+                    if Arc::strong_count(&sh) == 1 {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                release_pool(&mut sh, &pool_threads);
+            });
+            return;
         }
-        if let Some(sh) = Arc::get_mut(&mut self.sh) {
-            drop(sh.pool.take());
-            let handles = std::mem::take(&mut *lock(&self.pool_threads));
-            for h in handles {
-                let _ = h.join();
-            }
+        release_pool(&mut self.sh, &self.pool_threads);
+    }
+}
+
+/// Drops the gather pool and joins its threads, once `sh` is the last reference to the shared
+/// state (the worker has returned).
+fn release_pool(sh: &mut Arc<Shared>, pool_threads: &Mutex<Vec<JoinHandle<()>>>) {
+    if let Some(sh) = Arc::get_mut(sh) {
+        drop(sh.pool.take());
+        let handles = std::mem::take(&mut *lock(pool_threads));
+        for h in handles {
+            let _ = h.join();
         }
     }
 }

@@ -454,3 +454,43 @@ mod consume;
 // Head shards.
 #[path = "tests_shard.rs"]
 mod shard;
+
+#[test]
+fn a_close_with_the_worker_stuck_returns_within_100_ms_and_the_reaper_frees_it() {
+    let d = make_table(RowFormat::Nvfp4, 300);
+    let p = open(d.path(), |_| {});
+    let (abandoned, reaped) = (
+        crate::step::reaper::abandoned_handles(),
+        crate::step::reaper::reaped_handles(),
+    );
+    let (started_tx, started_rx) = mpsc::channel();
+    let work = Work::Run(Box::new(move |_: &Table, _: &rayon::ThreadPool| {
+        let _ = started_tx.send(());
+        std::thread::sleep(std::time::Duration::from_millis(800)); // a read stalled on the device
+    }));
+    lock(&p.submit_state)
+        .tx
+        .as_ref()
+        .unwrap()
+        .send(work)
+        .unwrap();
+    started_rx.recv().unwrap();
+    let t0 = std::time::Instant::now();
+    drop(p);
+    let took = t0.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(100),
+        "close took {took:?}"
+    );
+    assert!(crate::step::reaper::abandoned_handles() > abandoned);
+    let t1 = std::time::Instant::now();
+    while crate::step::reaper::reaped_handles() <= reaped {
+        assert!(t1.elapsed().as_secs() < 10, "the reaper never finished");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // a worker that stops promptly is joined by the close itself
+    let p = open(d.path(), |_| {});
+    let abandoned = crate::step::reaper::abandoned_handles();
+    drop(p);
+    assert_eq!(crate::step::reaper::abandoned_handles(), abandoned);
+}
