@@ -294,6 +294,35 @@ fn a_stalled_step_times_out_then_finishes_and_close_is_bounded() {
     }
 }
 
+#[test]
+fn close_is_bounded_while_a_read_ahead_is_stalled() {
+    if !available() {
+        return;
+    }
+    let (d, _real) = table();
+    for (name, o) in modes() {
+        let o = ple_options {
+            cache_bytes: o.cache_bytes.max(1 << 20),
+            ..o
+        };
+        let fs = Fs::mount(d.path());
+        let Some(h) = try_open(&fs.dir(), &o) else {
+            continue;
+        };
+        fs.set(r#"{"stall_ms": 1500}"#);
+        // the reader thread's reads stall; no step is in flight
+        assert_eq!(prefetch_ahead(h, 64, 500), PLE_OK, "{}", last_error());
+        std::thread::sleep(Duration::from_millis(100));
+        let took = close(h);
+        eprintln!("faultfs: {name}, read-ahead stalled: close took {took:?}");
+        assert!(
+            took < Duration::from_millis(100),
+            "{name}: close with a stalled read-ahead took {took:?}"
+        );
+        fs.set("{}");
+    }
+}
+
 fn fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }

@@ -44,24 +44,51 @@ pub fn last_error() -> String {
         .into_owned()
 }
 
-/// Submits one decode step of `n` tokens (request ids `first_req..first_req + n`, one token each,
-/// position 0) as `seq`.
+/// One decode step of `n` tokens: request ids `first_req..first_req + n`, one token each,
+/// position 0. Owns the arrays a `ple_batch` borrows.
+pub struct DecodeBatch {
+    toks: Vec<i32>,
+    pos: Vec<i32>,
+    ids: Vec<u64>,
+    qs: Vec<u32>,
+}
+
+impl DecodeBatch {
+    pub fn new(n: u32, first_req: u64) -> Self {
+        DecodeBatch {
+            toks: (0..n as i32).map(|i| 1 + i % 100).collect(),
+            pos: vec![0; n as usize],
+            ids: (0..n as u64).map(|i| first_req + i).collect(),
+            qs: (0..=n).collect(),
+        }
+    }
+
+    /// The batch, borrowing `self`'s arrays (valid while `self` lives).
+    pub fn batch(&self) -> ple_batch {
+        ple_batch {
+            tokens: self.toks.as_ptr(),
+            positions: self.pos.as_ptr(),
+            num_tokens: self.toks.len() as u32,
+            request_ids: self.ids.as_ptr(),
+            query_start: self.qs.as_ptr(),
+            num_requests: self.ids.len() as u32,
+            context: std::ptr::null(),
+        }
+    }
+}
+
+/// Submits [`DecodeBatch::new(n, first_req)`](DecodeBatch::new) as `seq`.
 pub fn submit(h: *mut ple_handle, seq: u64, n: u32, first_req: u64) -> ple_status {
-    let toks: Vec<i32> = (0..n as i32).map(|i| 1 + i % 100).collect();
-    let pos = vec![0i32; n as usize];
-    let ids: Vec<u64> = (0..n as u64).map(|i| first_req + i).collect();
-    let qs: Vec<u32> = (0..=n).collect();
-    let b = ple_batch {
-        tokens: toks.as_ptr(),
-        positions: pos.as_ptr(),
-        num_tokens: n,
-        request_ids: ids.as_ptr(),
-        query_start: qs.as_ptr(),
-        num_requests: n,
-        context: std::ptr::null(),
-    };
+    let b = DecodeBatch::new(n, first_req);
     // SAFETY: every array lives until the call returns and has the lengths the batch states.
-    unsafe { ple_submit(h, &b, seq) }
+    unsafe { ple_submit(h, &b.batch(), seq) }
+}
+
+/// Asks [`DecodeBatch::new(n, first_req)`](DecodeBatch::new)'s rows ahead.
+pub fn prefetch_ahead(h: *mut ple_handle, n: u32, first_req: u64) -> ple_status {
+    let b = DecodeBatch::new(n, first_req);
+    // SAFETY: as in `submit`.
+    unsafe { ple_prefetch_ahead(h, &b.batch()) }
 }
 
 pub fn info_status(h: *mut ple_handle) -> ple_status {
