@@ -266,6 +266,13 @@ typedef struct ple_options {
    * rows, or 262,144 without a cache (appended in 0.1.x).
    */
   uint64_t ahead_max_rows;
+  /**
+   * MMAP: the most bytes of the table the page cache holds for this handle; above it the least
+   * recently used 2 MiB chunks of the row file are dropped after a step
+   * (`ple_counters.resident_dropped_bytes`). 0 (the default) = no cap. Ignored in DIRECT
+   * mode (appended in 0.1.x).
+   */
+  uint64_t resident_bytes_max;
 } ple_options;
 
 /**
@@ -478,6 +485,11 @@ typedef struct ple_counters {
    */
   uint64_t abandoned_handles;
   uint64_t reaped_handles;
+  /**
+   * MMAP with `options.resident_bytes_max`: bytes of the table dropped from the page cache
+   * to keep within the cap.
+   */
+  uint64_t resident_dropped_bytes;
 } ple_counters;
 
 /**

@@ -183,6 +183,11 @@ pub struct ple_options {
     /// are dropped (`ple_counters.ahead_dropped`). 0 (the default) = the row cache's capacity in
     /// rows, or 262,144 without a cache (appended in 0.1.x).
     pub ahead_max_rows: u64,
+    /// MMAP: the most bytes of the table the page cache holds for this handle; above it the least
+    /// recently used 2 MiB chunks of the row file are dropped after a step
+    /// (`ple_counters.resident_dropped_bytes`). 0 (the default) = no cap. Ignored in DIRECT
+    /// mode (appended in 0.1.x).
+    pub resident_bytes_max: u64,
 }
 
 /// Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
@@ -381,6 +386,9 @@ pub struct ple_stats {
     /// the ones the reaper has freed (their difference: handles still held by stalled reads).
     pub abandoned_handles: u64,
     pub reaped_handles: u64,
+    /// MMAP with `options.resident_bytes_max`: bytes of the table dropped from the page cache
+    /// to keep within the cap.
+    pub resident_dropped_bytes: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -424,6 +432,7 @@ pub fn options_to_c(o: &OpenOptions) -> ple_options {
         shard_count: o.shard.count,
         shard_index: o.shard.index,
         ahead_max_rows: o.ahead_max_rows,
+        resident_bytes_max: o.resident_bytes_max,
     }
 }
 
@@ -483,6 +492,7 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
             count: c.shard_count,
         },
         ahead_max_rows: c.ahead_max_rows,
+        resident_bytes_max: c.resident_bytes_max,
         // (not in the C struct: the core's defaults)
         ..OpenOptions::default()
     };
@@ -633,6 +643,7 @@ pub fn counters_to_c(k: &Counters) -> ple_stats {
         ahead_hits: k.ahead_hits,
         abandoned_handles: ple_core::step::reaper::abandoned_handles(),
         reaped_handles: ple_core::step::reaper::reaped_handles(),
+        resident_dropped_bytes: k.resident_dropped_bytes,
     }
 }
 

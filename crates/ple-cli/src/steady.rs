@@ -75,6 +75,10 @@ pub struct SteadyArgs {
     /// uses a second, MMAP handle).
     #[arg(long, default_value = "auto", value_parser = parse_io_mode)]
     pub io_mode: ple_core::step::IoMode,
+    /// MMAP: cap the table's page-cache residency at this many bytes (`resident_bytes_max`;
+    /// K, M, G suffixes; 0 = no cap).
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    pub resident_max: u64,
     /// Run as head shard K of N (a tensor-parallel rank, e.g. `--shard 1/4`), then the same
     /// steps on the whole table with N times the row cache (the N ranks' memory), and print the
     /// rank's rows, reads and KiB per token beside the whole table's (1/N expected).

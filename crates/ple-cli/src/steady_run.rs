@@ -32,6 +32,9 @@ struct Figures {
     /// VmRSS and RssAnon.
     rss: (u64, u64),
     page_cache_growth: i64,
+    /// The table's resident bytes (`mincore`) and MemAvailable, at the interval's end.
+    table_resident: u64,
+    mem_available: u64,
     lru_rows: Option<Tally>,
     lru_pages: Option<Tally>,
 }
@@ -48,7 +51,7 @@ impl Figures {
             t.map_or("    -".into(), |t| format!("{:5.1}", 100.0 * t.hit_rate()))
         };
         println!(
-            "{label:>8} {:>8} {:>6.1} {:>6} {:>6} {:>9.2} {:>9.2} {:>9} {:>9.2} {:>9.1} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.1}",
+            "{label:>8} {:>8} {:>6.1} {:>6} {:>6} {:>9.2} {:>9.2} {:>9} {:>9.2} {:>9.1} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.1} {:>9.0} {:>9.0}",
             self.tokens,
             100.0 * self.hit_rate(),
             r(&self.lru_rows),
@@ -66,6 +69,8 @@ impl Figures {
             self.rss.0 as f64 / MIB,
             self.rss.1 as f64 / MIB,
             self.page_cache_growth as f64 / MIB,
+            self.table_resident as f64 / MIB,
+            self.mem_available as f64 / MIB,
         );
     }
     fn json(&self) -> Value {
@@ -79,6 +84,7 @@ impl Figures {
             "misses_per_step": self.misses as f64 / self.steps.max(1) as f64,
             "p50_us": self.p50_us, "p99_us": self.p99_us, "rss_bytes": self.rss.0, "rss_anon_bytes": self.rss.1,
             "page_cache_growth_bytes": self.page_cache_growth,
+            "table_resident_bytes": self.table_resident, "mem_available_bytes": self.mem_available,
             "lru_rows_hit_rate": self.lru_rows.map(|t| t.hit_rate()),
             "lru_pages_hit_rate": self.lru_pages.map(|t| t.hit_rate()),
             "lru_pages_kib_per_token": self.lru_pages.map(|t| self.per_token(t.storage_bytes)),
@@ -92,10 +98,11 @@ fn print_header() {
          KiB/tok: storage read, measured; direct: the cache's misses read as aligned sectors; \
          LRUp: the page LRU's storage; flt/step: major faults per step; miss/stp: cache misses per step; \
          RSS: the process's resident memory (with the table's mapped pages); anon: without mapped files; \
-         +pgc: growth of the table's page-cache residency)"
+         +pgc: growth of the table's page-cache residency; table: the table's resident bytes (mincore); \
+         avail: MemAvailable)"
     );
     println!(
-        "{:>8} {:>8} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "{:>8} {:>8} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
         "step",
         "tokens",
         "hit%",
@@ -110,7 +117,9 @@ fn print_header() {
         "p99 µs",
         "RSS MiB",
         "anon MiB",
-        "+pgc MiB"
+        "+pgc MiB",
+        "table MiB",
+        "avail MiB"
     );
 }
 
@@ -218,6 +227,7 @@ fn figures(
     lru: impl Fn(&str) -> Option<Tally>,
 ) -> Figures {
     let (a, b) = c;
+    let now = p.stats();
     Figures {
         step: n.0,
         steps: n.1,
@@ -231,7 +241,9 @@ fn figures(
         p50_us: pct(lat, 50.0),
         p99_us: pct(lat, 99.0),
         rss: rss_bytes(),
-        page_cache_growth: (p.stats().resident_pages as i64 - res0) * 4096,
+        page_cache_growth: (now.resident_pages as i64 - res0) * 4096,
+        table_resident: now.resident_pages * 4096,
+        mem_available: now.mem_available_bytes,
         lru_rows: lru("LRU rows"),
         lru_pages: lru("LRU pages"),
     }
@@ -245,6 +257,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         max_tokens_per_step: (s.requests + s.prefill_chunk).max(64) as u32,
         io_mode: s.io_mode,
         shard: s.shard.unwrap_or_default(),
+        resident_bytes_max: s.resident_max,
         ..OpenOptions::default()
     };
     let p = Pipeline::open(&a.table_dir, opts.clone())?;

@@ -73,6 +73,7 @@ pub struct Stats {
     pub ahead_dropped: AtomicU64,
     pub ahead_cached: AtomicU64,
     pub ahead_hits: AtomicU64,
+    pub resident_dropped_bytes: AtomicU64,
 }
 
 /// What one completed step adds to the counters.
@@ -117,6 +118,11 @@ impl IoDelta {
 
 impl Stats {
     /// Adds a completed step.
+    /// Adds bytes the residency cap dropped from the page cache.
+    pub fn add_resident_dropped(&self, n: u64) {
+        self.resident_dropped_bytes.fetch_add(n, Relaxed);
+    }
+
     pub fn record_step(&self, r: &StepRecord) {
         let (steps, tokens, rows, ns) = if r.prefill {
             (
@@ -194,6 +200,7 @@ impl Stats {
             ahead_dropped: g(&self.ahead_dropped),
             ahead_cached: g(&self.ahead_cached),
             ahead_hits: g(&self.ahead_hits),
+            resident_dropped_bytes: g(&self.resident_dropped_bytes),
         }
     }
 }
@@ -247,6 +254,9 @@ pub struct Counters {
     pub ahead_cached: u64,
     /// Step rows found in the row cache that a read-ahead had admitted (part of `cache_hits`).
     pub ahead_hits: u64,
+    /// MMAP with `resident_bytes_max`: bytes of the table dropped from the page cache to keep
+    /// within the cap.
+    pub resident_dropped_bytes: u64,
 }
 
 impl Counters {

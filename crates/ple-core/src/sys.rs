@@ -168,10 +168,19 @@ pub fn os_page_size() -> usize {
 
 /// (resident, total) pages of a mapping (`mincore`), in OS pages.
 pub fn residency(map: &[u8]) -> (u64, u64) {
+    let total = map.len().div_ceil(os_page_size()) as u64;
+    let mut resident = 0u64;
+    if !scan_resident(map, |_| resident += 1) {
+        return (0, total);
+    }
+    (resident, total)
+}
+
+/// Calls `f(page)` for every OS page of `map` in the page cache (`mincore`, 1 Mi pages per
+/// call); false if a call failed (then `f` saw only part of them).
+pub fn scan_resident(map: &[u8], mut f: impl FnMut(usize)) -> bool {
     let ps = os_page_size();
     let total = map.len().div_ceil(ps);
-    let mut resident = 0u64;
-    // bounded vector: 1 Mi pages per call
     const CHUNK: usize = 1 << 20;
     let mut vec = vec![0u8; CHUNK.min(total)];
     let mut p = 0usize;
@@ -187,12 +196,50 @@ pub fn residency(map: &[u8]) -> (u64, u64) {
             )
         };
         if rc != 0 {
-            return (0, total as u64);
+            return false;
         }
-        resident += vec[..n].iter().filter(|&&b| b & 1 != 0).count() as u64;
+        for (i, &b) in vec[..n].iter().enumerate() {
+            if b & 1 != 0 {
+                f(p + i);
+            }
+        }
         p += n;
     }
-    (resident, total as u64)
+    true
+}
+
+/// Whether any OS page of `map` (a page-aligned part of a mapping) is in the page cache.
+pub fn any_resident(map: &[u8]) -> bool {
+    let mut any = false;
+    scan_resident(map, |_| any = true) && any
+}
+
+/// Frees the page cache of bytes `off..off + len` of the file mapped (whole, from offset 0) at
+/// `map` with descriptor `fd`: `MADV_DONTNEED` unmaps them from this process (the pages stay
+/// cached while mapped), then `POSIX_FADV_DONTNEED` drops the clean pages from the page cache.
+/// `off` is OS-page-aligned; the range is clipped to the mapping. The data is unchanged: a
+/// later access reads it from the file again.
+pub fn drop_cached(map: &[u8], fd: RawFd, off: usize, len: usize) -> std::io::Result<()> {
+    if off >= map.len() {
+        return Ok(());
+    }
+    let len = len.min(map.len() - off);
+    // SAFETY: `off` is page-aligned and `off..off + len` lies inside the mapping. On a shared,
+    // read-only file mapping MADV_DONTNEED only drops this process's page-table entries: a
+    // thread reading the range concurrently faults the same file bytes back in (no zero fill,
+    // which only private anonymous memory gets), so no reference into the mapping is
+    // invalidated and no byte it reads changes.
+    let rc = unsafe {
+        libc::madvise(
+            map.as_ptr().add(off) as *mut libc::c_void,
+            len,
+            libc::MADV_DONTNEED,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    fadvise(fd, off as u64, len as u64, libc::POSIX_FADV_DONTNEED)
 }
 
 /// CPU time (ns, from `/proc/self/task/*/schedstat`) of this process's threads whose name starts

@@ -61,6 +61,7 @@ class ple_options(Structure):
         ("shard_count", c_uint32),
         ("shard_index", c_uint32),
         ("ahead_max_rows", c_uint64),
+        ("resident_bytes_max", c_uint64),
     ]
 
 
@@ -132,7 +133,7 @@ COUNTER_FIELDS = [
     "resident_pages", "table_pages", "mem_available_bytes", "queue_ns",
     "cache_hits", "cache_misses", "cache_bytes_used", "storage_reads",
     "ahead_asked", "ahead_read", "ahead_dropped", "ahead_cached", "ahead_hits",
-    "abandoned_handles", "reaped_handles",
+    "abandoned_handles", "reaped_handles", "resident_dropped_bytes",
 ]  # fmt: skip
 
 

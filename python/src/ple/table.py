@@ -103,7 +103,8 @@ class Table:
     `[info["shard_first_head"], + info["shard_heads"])`, `packed_rows` has that many rows per
     token, and `dequant_*` write -0.0 in the other heads' columns, so an all-reduce (sum) of every
     rank's output is the whole table's output bit for bit), `ahead_max_rows` (the bound of
-    `prefetch_ahead`'s queue; 0 = the row cache's capacity).
+    `prefetch_ahead`'s queue; 0 = the row cache's capacity), `resident_bytes_max` (MMAP: the
+    most bytes of the table kept in the page cache; 0 = no cap).
     """
 
     def __init__(self, path: PathLike, **options: Any):

@@ -7,4 +7,5 @@ pub mod direct;
 pub mod gather;
 pub mod guard;
 pub mod prefetch;
+pub mod residency;
 pub mod uring;

@@ -275,6 +275,9 @@ fn ahead_main(sh: Arc<Shared>) {
                     a.marks_len.store(m.len(), Relaxed);
                 }
                 st.ahead_read.fetch_add(misses.len() as u64, Relaxed);
+                if sh.cache.is_none() {
+                    sh.keep_resident_within_cap(&misses); // read into the page cache
+                }
             }
             Err(e) => {
                 log::debug!("read-ahead of {} rows: {e}", misses.len());

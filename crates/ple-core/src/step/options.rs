@@ -88,6 +88,10 @@ pub struct OpenOptions {
     /// Most rows queued for read-ahead (`Pipeline::prefetch_ahead`); beyond it the oldest are
     /// dropped. 0 (the default) = the row cache's capacity in rows, or without a cache 2^18.
     pub ahead_max_rows: u64,
+    /// MMAP: the most bytes of the table the page cache holds for this handle (0, the default:
+    /// no cap). Above it the least recently used 2 MiB chunks are dropped after a step
+    /// (`io::residency`). Ignored in DIRECT mode, which reads past the page cache.
+    pub resident_bytes_max: u64,
 }
 
 /// MMAP: the most rows of a step that [`ColdReads::Direct`] or [`ColdReads::Buffered`] reads
@@ -130,6 +134,7 @@ impl Default for OpenOptions {
             cold_reads: ColdReads::Direct,
             shard: Shard::WHOLE,
             ahead_max_rows: 0,
+            resident_bytes_max: 0,
         }
     }
 }

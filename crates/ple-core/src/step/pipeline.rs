@@ -207,6 +207,13 @@ impl Pipeline {
         let cache_budget = if cache.is_some() { cache_bytes } else { 0 };
         let ahead =
             super::ahead::Ahead::new(super::ahead::queue_cap(opts.ahead_max_rows, cache.as_ref()));
+        // MMAP only: DIRECT reads bypass the page cache
+        let residency = (opts.resident_bytes_max > 0 && direct.is_none()).then(|| {
+            Mutex::new(crate::io::residency::ResidencyCap::new(
+                table.bytes(),
+                opts.resident_bytes_max,
+            ))
+        });
         let tracker = {
             let m = table.meta();
             Tracker::new(m.ngram_size, m.hash.eos_token_id, opts.history_window)?
@@ -240,6 +247,7 @@ impl Pipeline {
             direct,
             cold,
             ahead,
+            residency,
             submitted: AtomicU64::new(0),
             opts,
             #[cfg(test)]

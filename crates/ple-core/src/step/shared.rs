@@ -111,6 +111,9 @@ pub(super) struct Shared {
     pub(super) cold: ColdReader,
     /// Read-ahead's queue and reader thread (`ahead.rs`).
     pub(super) ahead: super::ahead::Ahead,
+    /// MMAP with `resident_bytes_max`: the table's residency cap (locked by the worker after a
+    /// step and by the read-ahead reader after a batch).
+    pub(super) residency: Option<Mutex<crate::io::residency::ResidencyCap>>,
     /// Highest seq submitted (stored after its job is sent): the reader waits while it is above
     /// `done`.
     pub(super) submitted: AtomicU64,
@@ -199,6 +202,23 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// MMAP with a residency cap: marks `ids`' chunks used and drops the least recently used
+    /// ones if the cap is exceeded. A failed drop is logged: the rows are unaffected.
+    pub(super) fn keep_resident_within_cap(&self, ids: &[u64]) {
+        let Some(r) = &self.residency else {
+            return;
+        };
+        let mut r = lock(r);
+        r.touch(ids, self.table.row_bytes());
+        if r.over() {
+            use std::os::fd::AsRawFd;
+            match r.trim(self.table.bytes(), self.table.file().as_raw_fd()) {
+                Ok(n) => self.stats.add_resident_dropped(n),
+                Err(e) => log::warn!("{e}"),
+            }
+        }
+    }
+
     pub(super) fn pool(&self) -> &rayon::ThreadPool {
         self.pool
             .as_ref()

@@ -451,6 +451,10 @@ fn ngram_ids_has_no_side_effects() {
 #[path = "tests_consume.rs"]
 mod consume;
 
+// The MMAP residency cap.
+#[path = "tests_residency.rs"]
+mod residency;
+
 // Head shards.
 #[path = "tests_shard.rs"]
 mod shard;

@@ -487,6 +487,7 @@ pub(super) fn worker_main(sh: Arc<Shared>, rx: mpsc::Receiver<Work>) {
                     rec.unique_pages =
                         w.pages_builder.count_unique(&w.ids, sh.table.row_bytes()) as u64;
                 }
+                sh.keep_resident_within_cap(&w.ids);
                 sh.stats.record_step(&rec);
             }
             Err(e) => {
