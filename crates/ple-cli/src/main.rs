@@ -40,6 +40,8 @@ enum Cmd {
 }
 
 fn main() {
+    // libple's log records on stderr, level from PLE_LOG (as libple.so does for a C host)
+    env_logger::Builder::from_env(env_logger::Env::new().filter("PLE_LOG")).init();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Pack(a) => cli::pack(a),

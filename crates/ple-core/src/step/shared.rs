@@ -212,8 +212,16 @@ impl Shared {
         r.touch(ids, self.table.row_bytes());
         if r.over() {
             use std::os::fd::AsRawFd;
+            let t0 = Instant::now();
             match r.trim(self.table.bytes(), self.table.file().as_raw_fd()) {
-                Ok(n) => self.stats.add_resident_dropped(n),
+                Ok(n) => {
+                    self.stats.add_resident_dropped(n);
+                    log::debug!(
+                        "residency cap: {n} bytes freed in {:?}, {} marked",
+                        t0.elapsed(),
+                        r.marked_bytes()
+                    );
+                }
                 Err(e) => log::warn!("{e}"),
             }
         }
