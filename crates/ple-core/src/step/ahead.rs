@@ -298,26 +298,7 @@ impl super::pipeline::Pipeline {
             return Err(Error::State("the handle is closing".into()));
         }
         let meta = sh.table.meta();
-        crate::lookup::context::validate_batch(b, meta.hash.vocab_size, u32::MAX)?;
-        let k = meta.ngram_size as usize - 1;
-        if let Some(c) = b.context {
-            let want = b.request_ids.len() * k;
-            if c.len() != want {
-                return crate::invalid!(
-                    "batch.context has {} entries, expected num_requests × (ngram_size - 1) = {want}",
-                    c.len()
-                );
-            }
-        }
-        let ctx = {
-            let t = lock(&self.tracker);
-            crate::lookup::context::resolve_contexts_checked(
-                b,
-                Some(&t),
-                meta.hash.eos_token_id,
-                meta.ngram_size,
-            )?
-        };
+        let ctx = self.checked_contexts(b, u32::MAX, false)?;
         let mut ids = vec![0u64; b.tokens.len() * sh.heads.len()];
         sh.hasher
             .ids_for_heads(b.tokens, &ctx, sh.heads.clone(), sh.row_base, &mut ids);

@@ -398,6 +398,34 @@ impl Pipeline {
         self.submit_in_order(&g.batch(), g.order(), seq)
     }
 
+    /// Validates `b` (at most `max_tokens` tokens) against the table and resolves each token's
+    /// context: `b.context` when given (its length checked), else the tracked history as it
+    /// stands plus the batch's own earlier tokens; the history is read, never changed. With
+    /// `room`, a tracked batch must also fit the history window (a submit, which appends).
+    pub(super) fn checked_contexts(
+        &self,
+        b: &Batch,
+        max_tokens: u32,
+        room: bool,
+    ) -> Result<Vec<i32>> {
+        let meta = self.sh.table.meta();
+        validate_batch(b, meta.hash.vocab_size, max_tokens)?;
+        if let Some(c) = b.context {
+            let want = b.request_ids.len() * (meta.ngram_size as usize - 1);
+            if c.len() != want {
+                return crate::invalid!(
+                    "batch.context has {} entries, expected num_requests × (ngram_size - 1) = {want}",
+                    c.len()
+                );
+            }
+        }
+        let t = lock(&self.tracker);
+        if room && b.context.is_none() {
+            t.check_room(b)?;
+        }
+        resolve_contexts_checked(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)
+    }
+
     /// [`Pipeline::submit`], staging token `order[g]` of the caller from token `g` of `b`.
     pub(super) fn submit_in_order(&self, b: &Batch, order: Option<&[u32]>, seq: u64) -> Result<()> {
         let mut sub = lock(&self.submit_state);
@@ -408,24 +436,7 @@ impl Pipeline {
                 "seq {seq} must be greater than the last submitted seq {last_seq} (and not 0)"
             )));
         }
-        let meta = sh.table.meta();
-        validate_batch(b, meta.hash.vocab_size, sh.opts.max_tokens_per_step)?;
-        if let Some(c) = b.context {
-            let want = b.request_ids.len() * (meta.ngram_size as usize - 1);
-            if c.len() != want {
-                return crate::invalid!(
-                    "batch.context has {} entries, expected num_requests × (ngram_size - 1) = {want}",
-                    c.len()
-                );
-            }
-        }
-        let ctx = {
-            let t = lock(&self.tracker);
-            if b.context.is_none() {
-                t.check_room(b)?;
-            }
-            resolve_contexts_checked(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
-        };
+        let ctx = self.checked_contexts(b, sh.opts.max_tokens_per_step, true)?;
         let prefill = b
             .query_start
             .windows(2)
@@ -483,7 +494,7 @@ impl Pipeline {
         let (tokens, ctx) = match order {
             None => (b.tokens.to_vec(), ctx),
             Some(o) => {
-                let k = meta.ngram_size as usize - 1;
+                let k = sh.table.meta().ngram_size as usize - 1;
                 let scatter = crate::lookup::tokens::scatter_rows;
                 (scatter(b.tokens, o, 1), scatter(&ctx, o, k))
             }
