@@ -13,7 +13,7 @@
 //! split over the passes (every read between the two counter loads is an atomic word).
 
 use super::prefetch::prefetch_line;
-use super::{MAX_ROW_ID, NO_ENTRY, RowCache, SLOT_MASK, Shard, entry, entry_slot, mix};
+use super::{MAX_ROW_ID, RowCache, Shard, mix};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::atomic::{AtomicU64, fence};
 
@@ -141,20 +141,7 @@ impl Shard {
     /// answer is only good if `seq` did not change meanwhile.
     #[inline(always)]
     fn probe_tag(&self, h: u64) -> u32 {
-        let key = entry(h, 0);
-        let n = self.index.len();
-        let mut i = self.home(h);
-        for _ in 0..n {
-            let e = self.index[i].load(Relaxed);
-            if e == NO_ENTRY {
-                return NONE;
-            }
-            if e & !(SLOT_MASK as u64) == key {
-                return entry_slot(e);
-            }
-            i = if i + 1 == n { 0 } else { i + 1 };
-        }
-        NONE
+        self.probe(h, |_| true).map_or(NONE, |(_, s)| s)
     }
 
     /// Prefetches `slot`'s header and row lines.

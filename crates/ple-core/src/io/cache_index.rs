@@ -16,6 +16,17 @@ impl Shard {
     /// index either way).
     #[inline]
     pub(super) fn find(&self, id: u64, h: u64) -> Option<(usize, u32)> {
+        self.probe(h, |s| self.header(s) >> 8 == id)
+    }
+
+    /// The first index entry from `h`'s home, before an empty one, whose hash bits match `h`'s
+    /// and whose slot `accept` takes: (its position, its slot). At most one pass over the index.
+    #[inline(always)]
+    pub(super) fn probe(
+        &self,
+        h: u64,
+        mut accept: impl FnMut(u32) -> bool,
+    ) -> Option<(usize, u32)> {
         let key = entry(h, 0);
         let n = self.index.len();
         let mut i = self.home(h);
@@ -24,7 +35,7 @@ impl Shard {
             if e == NO_ENTRY {
                 return None;
             }
-            if e & !(SLOT_MASK as u64) == key && self.header(entry_slot(e)) >> 8 == id {
+            if e & !(SLOT_MASK as u64) == key && accept(entry_slot(e)) {
                 return Some((i, entry_slot(e)));
             }
             i = if i + 1 == n { 0 } else { i + 1 };
