@@ -16,28 +16,6 @@ fn counters(h: *mut ple_handle) -> ple_stats {
     s
 }
 
-/// A tracked step of `n` new requests (ids from `first`), one token each at position 0.
-struct Owned(Vec<i32>, Vec<i32>, Vec<u64>, Vec<u32>);
-fn batch(o: &Owned) -> ple_batch {
-    ple_batch {
-        tokens: o.0.as_ptr(),
-        positions: o.1.as_ptr(),
-        num_tokens: o.0.len() as u32,
-        request_ids: o.2.as_ptr(),
-        query_start: o.3.as_ptr(),
-        num_requests: o.2.len() as u32,
-        context: std::ptr::null(),
-    }
-}
-fn owned(n: u32, first: u64) -> Owned {
-    Owned(
-        (0..n as i32).map(|i| 1 + i % 100).collect(),
-        vec![0; n as usize],
-        (0..n as u64).map(|i| first + i).collect(),
-        (0..=n).collect(),
-    )
-}
-
 fn rows(h: *mut ple_handle, seq: u64, n: usize, rb: usize) -> Vec<u8> {
     // SAFETY: `h` is open; the view is copied before the step is released.
     unsafe {
@@ -57,8 +35,9 @@ fn read_ahead_rows_equal_rows_without_it_and_bad_input_is_a_status() {
     let with = open(&dir, &options(|o| o.cache_bytes = 4 << 20));
     let plain = open(&dir, &options(|o| o.cache_bytes = 0));
     let rb = ple_core::model::RowFormat::Nvfp4.row_bytes(160);
-    let st = owned(40, 1);
-    let b = batch(&st);
+    // a tracked step of 40 new requests, one token each
+    let st = DecodeBatch::new(40, 1);
+    let b = st.batch();
     // SAFETY: the batch borrows `st`, alive across the calls; the handles are open.
     unsafe {
         assert_eq!(ple_prefetch_ahead(with, &b), PLE_OK, "{}", last_error());

@@ -16,6 +16,13 @@ fn table_in(dir: &Path, format: RowFormat) {
     synth::write_table(dir, format, &synth::small_config(2000, 4), SEED).unwrap();
 }
 
+/// A temporary directory holding a table ([`table_in`]).
+fn temp_table(format: RowFormat) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    table_in(d.path(), format);
+    d
+}
+
 fn open(dir: &Path, mode: IoMode, force_pread: bool) -> crate::error::Result<Pipeline> {
     open_with(dir, |o| {
         o.io_mode = mode;
@@ -101,8 +108,7 @@ fn step(p: &Pipeline, seq: u64, st: &Step, format: RowFormat) -> crate::error::R
 #[test]
 fn direct_and_mmap_give_the_generated_rows() {
     for format in [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16] {
-        let d = tempfile::tempdir().unwrap();
-        table_in(d.path(), format);
+        let d = temp_table(format);
         let mmap = open(d.path(), IoMode::Mmap, false).unwrap();
         assert_eq!(mmap.io_info().mode, IoMode::Mmap);
         let direct = match open(d.path(), IoMode::Direct, false) {
@@ -140,8 +146,7 @@ fn truncated_row_file_fails_only_the_steps_it_touches() {
         (IoMode::Direct, false),
         (IoMode::Direct, true),
     ] {
-        let d = tempfile::tempdir().unwrap();
-        table_in(d.path(), format);
+        let d = temp_table(format);
         let p = match open(d.path(), mode, pread) {
             Ok(p) => p,
             Err(Error::Unsupported(_)) => return,
@@ -228,8 +233,7 @@ fn mmap_prefetching_steps_give_the_generated_rows_every_way() {
     use crate::step::ColdReads;
     let format = RowFormat::Nvfp4;
     for cold in [ColdReads::Direct, ColdReads::Buffered, ColdReads::Willneed] {
-        let d = tempfile::tempdir().unwrap();
-        table_in(d.path(), format);
+        let d = temp_table(format);
         let p = open_with(d.path(), |o| {
             o.io_mode = IoMode::Mmap;
             o.prefetch_policy = crate::step::PrefetchPolicy::Always;

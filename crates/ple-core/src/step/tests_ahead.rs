@@ -39,8 +39,7 @@ fn balanced(c: &crate::stats::Counters) -> bool {
 #[test]
 fn rows_are_the_generated_rows_with_read_ahead_and_the_counters_add_up() {
     let format = RowFormat::Nvfp4;
-    let d = tempfile::tempdir().unwrap();
-    table_in(d.path(), format);
+    let d = temp_table(format);
     for (name, p) in handles(d.path()) {
         let mut asked = 0u64;
         let mut x = 5u64;
@@ -79,8 +78,7 @@ fn rows_are_the_generated_rows_with_read_ahead_and_the_counters_add_up() {
 #[test]
 fn a_step_read_ahead_misses_nothing_in_the_cache() {
     let format = RowFormat::Nvfp4;
-    let d = tempfile::tempdir().unwrap();
-    table_in(d.path(), format);
+    let d = temp_table(format);
     let p = open_with(d.path(), |o| {
         o.io_mode = IoMode::Mmap;
         o.cache_bytes = 8 << 20;
@@ -102,8 +100,7 @@ fn a_step_read_ahead_misses_nothing_in_the_cache() {
 #[test]
 fn tracked_read_ahead_changes_no_history() {
     let format = RowFormat::Nvfp4;
-    let d = tempfile::tempdir().unwrap();
-    table_in(d.path(), format);
+    let d = temp_table(format);
     for (name, p) in handles(d.path()) {
         fn tracked(st: &Step) -> Batch<'_> {
             Batch {
@@ -152,8 +149,7 @@ fn tracked_read_ahead_changes_no_history() {
 #[test]
 fn the_queue_drops_its_oldest_rows_beyond_its_bound() {
     let format = RowFormat::Nvfp4;
-    let d = tempfile::tempdir().unwrap();
-    table_in(d.path(), format);
+    let d = temp_table(format);
     let p = open_with(d.path(), |o| {
         o.io_mode = IoMode::Mmap;
         o.cache_bytes = 8 << 20;
@@ -202,8 +198,7 @@ fn the_queue_drops_its_oldest_rows_beyond_its_bound() {
 #[test]
 fn a_shard_reads_ahead_only_its_heads_rows() {
     let format = RowFormat::Nvfp4;
-    let d = tempfile::tempdir().unwrap();
-    table_in(d.path(), format);
+    let d = temp_table(format);
     let p = open_with(d.path(), |o| {
         o.io_mode = IoMode::Mmap;
         o.cache_bytes = 8 << 20;
@@ -231,8 +226,7 @@ fn a_shard_reads_ahead_only_its_heads_rows() {
 #[test]
 fn direct_without_a_cache_drops_every_row_and_bad_input_is_an_error() {
     let format = RowFormat::Nvfp4;
-    let d = tempfile::tempdir().unwrap();
-    table_in(d.path(), format);
+    let d = temp_table(format);
     let st = Step::new(3, 4);
     if let Ok(p) = open_with(d.path(), |o| {
         o.io_mode = IoMode::Direct;
