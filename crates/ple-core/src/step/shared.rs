@@ -202,8 +202,10 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// MMAP with a residency cap: marks `ids`' chunks used and drops the least recently used
-    /// ones if the cap is exceeded. A failed drop is logged: the rows are unaffected.
+    /// MMAP with a residency cap: marks the pages of `ids` used and, over the cap, drops the
+    /// least recently used chunks. Every row of a step is marked, also those a row cache or a
+    /// direct cold read served without touching the page cache: the count errs high, never low.
+    /// A failed drop is logged: the rows are unaffected.
     pub(super) fn keep_resident_within_cap(&self, ids: &[u64]) {
         let Some(r) = &self.residency else {
             return;
