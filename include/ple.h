@@ -522,9 +522,10 @@ ple_status ple_set_log_callback(ple_log_fn callback, ple_log_level max_level, vo
 // `options` is NULL or points to writable memory for one `ple_options`.
 ple_status ple_options_default(struct ple_options *options);
 
-// Opens the packed table in directory `table_dir` (read-only mmap, MADV_RANDOM), validates it,
-// and starts its step pipeline. `options` may be NULL for the defaults. On success `*out_handle`
-// owns the handle (free it with `ple_close`); on failure it is set to NULL.
+// Opens the packed table in directory `table_dir` read-only, validates it, and starts its step
+// pipeline (how each `io_mode` reads: docs/ARCHITECTURE.md). Blocks until the handle is ready.
+// `options` may be NULL for the defaults. On success `*out_handle` owns the handle (free it with
+// `ple_close`); on failure it is set to NULL.
 //
 // Before anything is allocated, the staging the options ask for (`max_in_flight ×
 // max_tokens_per_step × 16 × row_bytes` bytes) is compared with the memory the machine can give
@@ -538,11 +539,11 @@ ple_status ple_options_default(struct ple_options *options);
 // strings; `out_handle` is NULL or writable.
 ple_status ple_open(const char *table_dir, const struct ple_options *options, struct ple_handle **out_handle);
 
-// Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
-// have returned, then stops its worker after the step in flight, unmaps the table and frees
-// everything. A worker that does not stop within 30 ms (a read stalled on the device) is handed
-// to a detached reaper thread, which joins it and frees the handle once the kernel completes the
-// read: `ple_close` is bounded whatever the storage does (`ple_counters.abandoned_handles`).
+// Closes a handle and frees everything it holds. It wakes every call blocked on the handle and
+// returns once those calls have returned and the step in flight has stopped, and within a bound
+// whatever the storage does: a handle whose read the device stalls is freed in the background
+// when that read completes (`ple_counters.abandoned_handles`; the bound and how it is kept:
+// docs/RELIABILITY.md, "C API and pipeline").
 //
 // Calls on the handle from other threads that are blocked (`ple_wait`, `ple_submit` on a full
 // ring, the wait inside `ple_dequant_*`, `ple_packed_rows` and `ple_release_step`) return
@@ -563,9 +564,10 @@ void ple_close(struct ple_handle *handle);
 ple_status ple_table_info(const struct ple_handle *handle, struct ple_info *info);
 
 // Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
-// Residency and MemAvailable are measured at the call: one mincore over the whole table, about
-// 0.15 s per 4 GiB of table (it grows with the table's size) — poll it
-// now and then, not every step (the other counters cost nothing to keep).
+// May run concurrently with any call. Residency and MemAvailable are measured at the call, which
+// therefore blocks for a time that grows with the table's size (tenths of a second for a few GiB:
+// README, "Limitations"): poll it now and then, not every step. The other counters cost nothing
+// to keep.
 //
 // # Safety
 // `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
@@ -576,9 +578,10 @@ ple_status ple_stats(const struct ple_handle *handle, struct ple_counters *stats
  * ============================================================================================== */
 
 // Submits one engine step. Validates the batch (errors are returned here, nothing is guessed),
-// copies it, updates tracked request history, and returns; a worker then hashes, prefetches,
-// gathers and publishes `done = seq`. `seq` must be greater than every earlier `seq` of this
-// handle (0 is not a valid seq).
+// copies it (the caller's arrays are free again when the call returns), updates tracked request
+// history, and returns without waiting for the rows, which are read in the background (the
+// pipeline: docs/ARCHITECTURE.md); `ple_wait(seq)` tells when they are ready. `seq` must be
+// greater than every earlier `seq` of this handle (0 is not a valid seq).
 //
 // With every ring slot holding a step not yet consumed, `PLE_RING_WAIT` blocks up to the
 // handle's `wait_timeout_us` (then `PLE_E_TIMEOUT`) and `PLE_RING_ERROR` fails at once with
@@ -672,9 +675,9 @@ ple_status ple_ngram_ids_tokens(const struct ple_handle *handle, const struct pl
 // returns at once. No history changes, no ring slot is taken, no seq is used; the batch may be
 // longer than `max_tokens_per_step` (a whole prompt at request admission, or the drafts of the
 // next verify step). The reader fills the row cache (DIRECT, or MMAP with a cache) or the page
-// cache (MMAP without one) and yields to submitted steps between batches of 64 rows. Rows are
-// never wrong either way: a step reads what the cache lacks. Beyond `options.ahead_max_rows`
-// queued rows the oldest are dropped. Counted in `ple_counters.ahead_*`.
+// cache (MMAP without one) and gives way to submitted steps (how: docs/ARCHITECTURE.md,
+// "Read-ahead"). Rows are never wrong either way: a step reads what the cache lacks. Beyond
+// `options.ahead_max_rows` queued rows the oldest are dropped. Counted in `ple_counters.ahead_*`.
 //
 // # Safety
 // `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states (read only during
@@ -699,9 +702,9 @@ ple_status ple_prefetch_ahead_tokens(struct ple_handle *handle, const struct ple
 // `out` must be device memory of the handle's device, aligned to its dtype, holding the step's
 // tokens: a `cuMemAlloc` allocation must contain them; memory mapped with the VMM API
 // (`cuMemMap`: PyTorch expandable segments, vLLM) is accepted when the last byte the step writes
-// is mapped device memory. In device-wait modes the kernel reads the step's rows from libple's
-// pinned host staging (zero-copy over PCIe): no stream of libple's takes part, so work the engine
-// queues after this call cannot delay the step. A step that cannot be consumed (it failed on
+// is mapped device memory. In device-wait modes no stream of libple's takes part, so work the
+// engine queues after this call cannot delay the step (where the kernel reads the rows from:
+// docs/GPU.md, "Zero-copy vs copy"). A step that cannot be consumed (it failed on
 // the host, its wait timed out, the handle closed) is never silent: its kernel fills the output
 // tokens with NaN and raises a device error (`ple_check_device`); `ple_wait(seq)` returns a
 // host failure. Refused while `cuda_stream` is being captured (use `ple_dequant_fuse_graph`).
@@ -715,8 +718,8 @@ ple_status ple_dequant_fuse(struct ple_handle *handle, void *cuda_stream, uint64
 // CUDA Graph mode, step 1. Enqueues on `cuda_stream` (the engine's `CUstream`) "the next graph
 // replay consumes step `base_seq`". Then capture `ple_dequant_fuse_graph` once and replay it
 // once per step: replay k consumes step `base_seq + k`, so submit steps `base_seq`,
-// `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (the worker
-// reuses a ring slot only after a replay consumed its previous step). Call it on the stream
+// `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (a ring
+// slot is reused only after a replay consumed its step). Call it on the stream
 // outside capture (while `cuda_stream` is capturing it returns `PLE_E_INVALID_ARGUMENT`: a
 // captured prepare would reset the step counter on every replay), when no replay is in flight,
 // and again with the next step after a device error: ready steps replays already consumed are
@@ -765,11 +768,13 @@ ple_status ple_check_device(struct ple_handle *handle);
 // `options` is NULL or points to writable memory for one `ple_pack_options`.
 ple_status ple_pack_options_default(struct ple_pack_options *options);
 
-// Packs the checkpoint in `checkpoint_dir` into a table in `out_dir` (created if needed), streaming
-// shard by shard, writing to a temporary name and renaming into place, metadata last. An identical
-// existing table is reused; one from another checkpoint is refused unless `options->force`.
-// `progress` (may be NULL) is called from the calling thread, between writes, while libple holds
-// no lock: it may call any libple function.
+// Packs the checkpoint in `checkpoint_dir` into a table in `out_dir` (created if needed), blocking
+// until it is written and synced. An identical existing table is reused; one from another
+// checkpoint is refused unless `options->force`. Crash-safe: an interrupted pack never leaves a
+// table that opens, and handles open on a table it replaces keep reading the old rows (how:
+// docs/FORMAT.md, "The packed table"). Another pack writing into `out_dir` at the same time is
+// refused with `PLE_E_STATE`. `progress` (may be NULL) is called from the calling thread, between
+// writes, while libple holds no lock: it may call any libple function.
 //
 // # Safety
 // `checkpoint_dir` and `out_dir` are NULL or NUL-terminated strings; `options` is NULL or an
