@@ -11,62 +11,54 @@
 // Errors: a call's status reports what it was asked; a step that fails after ple_dequant_fuse
 // returned (device-wait modes enqueue before the step is complete) is reported by
 // ple_check_device (its kernel filled the step's tokens with NaN) and by ple_wait(seq), which
-// returns PLE_OK for a consumed step that completed.
+// returns PLE_OK for a consumed step that completed. Every failed call throws (ple::check from
+// ple-cpp.h, libple's C++ layer); the handle, the stream and the buffer are owned, so each way out
+// of run() closes the handle first, then frees the CUDA objects.
 #include <cuda_runtime.h>
-#include <ple.h>
+#include <ple-cpp.h>
 
 #include <cstdio>
-#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
-#define TRY(call)                                                                                   \
-    do {                                                                                            \
-        ple_status s_ = (call);                                                                     \
-        if (s_ != PLE_OK) {                                                                         \
-            std::fprintf(stderr, "%s failed: %s: %s\n", #call, ple_status_name(s_), ple_last_error_message()); \
-            std::exit(1);                                                                           \
-        }                                                                                           \
-    } while (0)
-#define CUDA_TRY(call)                                                                              \
-    do {                                                                                            \
-        cudaError_t e_ = (call);                                                                    \
-        if (e_ != cudaSuccess) {                                                                    \
-            std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));                 \
-            std::exit(1);                                                                           \
-        }                                                                                           \
-    } while (0)
+// CUDA errors throw too; the engine's CUDA objects are owned like the libple handle.
+static void cuda_check(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(e));
+}
+struct stream_deleter {
+    void operator()(cudaStream_t s) const noexcept { cudaStreamDestroy(s); }
+};
+struct device_deleter {
+    void operator()(void *p) const noexcept { cudaFree(p); }
+};
 
 static const int DIM = PLE_EMBED_DIM;
 
-int main(int argc, char **argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: %s TABLE_DIR\n", argv[0]);
-        return 2;
-    }
+static int run(const char *table_dir) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         std::printf("no CUDA device: nothing to do\n");
         return 0;
     }
-    CUDA_TRY(cudaSetDevice(0));
-    cudaStream_t stream;
-    CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cuda_check(cudaSetDevice(0), "cudaSetDevice");
+    cudaStream_t raw_stream;
+    cuda_check(cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    std::unique_ptr<CUstream_st, stream_deleter> stream(raw_stream);
+    void *raw_hidden = nullptr;  // the engine's [tokens][2560] bf16 activations
+    cuda_check(cudaMalloc(&raw_hidden, sizeof(uint16_t) * 2048 * DIM), "cudaMalloc");
+    std::unique_ptr<void, device_deleter> hidden_buf(raw_hidden);
+    void *hidden = hidden_buf.get();
+    cuda_check(cudaMemsetAsync(hidden, 0, sizeof(uint16_t) * 2048 * DIM, stream.get()), "cudaMemsetAsync");
 
-    ple_options opts;
-    TRY(ple_options_default(&opts));
+    ple_options opts = ple::default_options();
     opts.cuda_device = 0;
     opts.wait_mode = PLE_WAIT_AUTO;  // stream memory op where supported, else spin kernel
     opts.max_tokens_per_step = 2048;
-    ple_handle *h = nullptr;
-    TRY(ple_open(argv[1], &opts, &h));
-    ple_info info{};
-    info.struct_size = sizeof info;
-    TRY(ple_table_info(h, &info));
-    const int32_t EOS = info.eos_token_id;
-
-    void *hidden = nullptr;  // the engine's [tokens][2560] bf16 activations
-    CUDA_TRY(cudaMalloc(&hidden, sizeof(uint16_t) * 2048 * DIM));
-    CUDA_TRY(cudaMemsetAsync(hidden, 0, sizeof(uint16_t) * 2048 * DIM, stream));
+    // Declared after the stream and the buffer, so it is closed before they are freed.
+    ple_handle_ptr h = ple::open(table_dir, &opts);
+    const int32_t EOS = ple::table_info(h.get()).eos_token_id;
 
     // Prefill: one 2048-token chunk for request 1.
     std::vector<int32_t> toks(2048), pos(2048);
@@ -78,8 +70,8 @@ int main(int argc, char **argv) {
     uint32_t qs1[2] = {0, 2048};
     ple_batch prefill = {toks.data(), pos.data(), 2048, &r1, qs1, 1, nullptr};
     uint64_t seq = 1;
-    TRY(ple_submit(h, &prefill, seq));
-    TRY(ple_dequant_fuse(h, stream, seq, hidden, PLE_DTYPE_BF16, DIM, PLE_FUSE_ACCUMULATE));
+    ple::check(ple_submit(h.get(), &prefill, seq));
+    ple::check(ple_dequant_fuse(h.get(), stream.get(), seq, hidden, PLE_DTYPE_BF16, DIM, PLE_FUSE_ACCUMULATE));
 
     // Decode: requests 1 and 2, one token each per step.
     for (int step = 0; step < 8; step++) {
@@ -88,22 +80,32 @@ int main(int argc, char **argv) {
         uint64_t rid[2] = {1, 2};
         uint32_t qs[3] = {0, 1, 2};
         ple_batch d = {dt, dp, 2, rid, qs, 2, nullptr};
-        TRY(ple_submit(h, &d, ++seq));
-        TRY(ple_dequant_fuse(h, stream, seq, hidden, PLE_DTYPE_BF16, DIM, 0));
+        ple::check(ple_submit(h.get(), &d, ++seq));
+        ple::check(ple_dequant_fuse(h.get(), stream.get(), seq, hidden, PLE_DTYPE_BF16, DIM, 0));
         // ... the engine's layer-1 kernels would consume `hidden` here, on the same stream ...
     }
-    CUDA_TRY(cudaStreamSynchronize(stream));
-    TRY(ple_check_device(h));  // a kernel that could not consume its step (NaN-filled)
-    for (uint64_t s = 1; s <= seq; s++) TRY(ple_wait(h, s, 0));  // polls: each consumed step succeeded
+    cuda_check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
+    ple::check(ple_check_device(h.get()));  // a kernel that could not consume its step (NaN-filled)
+    for (uint64_t s = 1; s <= seq; s++) ple::check(ple_wait(h.get(), s, 0));  // polls: each consumed step succeeded
 
-    ple_counters st{};
-    st.struct_size = sizeof st;
-    TRY(ple_stats(h, &st));
+    ple_counters st = ple::stats(h.get());
     std::printf("%llu prefill + %llu decode steps; copy %.3f ms; host waited %.3f ms\n",
                 (unsigned long long)st.prefill_steps, (unsigned long long)st.decode_steps, st.copy_ns / 1e6,
                 st.wait_ns / 1e6);
-    ple_close(h);
-    CUDA_TRY(cudaFree(hidden));
-    CUDA_TRY(cudaStreamDestroy(stream));
-    return 0;
+    return 0;  // closes the handle, then frees the buffer and the stream
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s TABLE_DIR\n", argv[0]);
+        return 2;
+    }
+    try {
+        return run(argv[1]);
+    } catch (const ple::error &e) {  // e.status(): the PLE_E_* code; e.what(): "NAME: message"
+        std::fprintf(stderr, "libple: %s\n", e.what());
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "%s\n", e.what());
+    }
+    return 1;
 }

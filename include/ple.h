@@ -17,100 +17,60 @@
  * Versions and limits
  * ============================================================================================== */
 
-/**
- * Major version of this header and library.
- */
+// Major version of this header and library.
 #define PLE_VERSION_MAJOR 0
 
-/**
- * Minor version (the ABI changes with it while the major version is 0).
- */
+// Minor version (the ABI changes with it while the major version is 0).
 #define PLE_VERSION_MINOR 1
 
-/**
- * Patch version.
- */
+// Patch version.
 #define PLE_VERSION_PATCH 0
 
-/**
- * ABI version: `major * 10000 + minor * 100 + patch`, as returned by `ple_abi_version()`.
- */
+// ABI version: `major * 10000 + minor * 100 + patch`, as returned by `ple_abi_version()`.
 #define PLE_ABI_VERSION (((PLE_VERSION_MAJOR * 10000) + (PLE_VERSION_MINOR * 100)) + PLE_VERSION_PATCH)
 
-/**
- * Row ids per token (16 heads).
- */
+// Row ids per token (16 heads).
 #define PLE_NUM_HEADS 16
 
-/**
- * Elements of one token's PLE embedding (16 heads x 160).
- */
+// Elements of one token's PLE embedding (16 heads x 160).
 #define PLE_EMBED_DIM 2560
 
-/**
- * Most requests a handle tracks at once (tracked mode). A batch that would track more is refused
- * with `PLE_E_STATE` (requests are never evicted: an evicted request would read wrong context);
- * `ple_release_request` forgets finished ones.
- */
+// Most requests a handle tracks at once (tracked mode). A batch that would track more is refused
+// with `PLE_E_STATE` (requests are never evicted: an evicted request would read wrong context);
+// `ple_release_request` forgets finished ones.
 #define PLE_MAX_TRACKED_REQUESTS 65536
 
-/**
- * `ple_options.cache_bytes` default: a row cache of 256 MiB (at most an eighth of the memory
- * available at open) for a handle that runs `PLE_IO_DIRECT`, none for `PLE_IO_MMAP`.
- */
+// `ple_options.cache_bytes` default: a row cache of 256 MiB (at most an eighth of the memory
+// available at open) for a handle that runs `PLE_IO_DIRECT`, none for `PLE_IO_MMAP`.
 #define PLE_CACHE_AUTO 18446744073709551615ull
 
 /* ==============================================================================================
  * Status codes
  * ============================================================================================== */
 
-/**
- * The values a `ple_status` takes (a C enum, so negative codes need no parentheses).
- */
+// The values a `ple_status` takes (a C enum, so negative codes need no parentheses).
 typedef enum ple_status_code {
-  /**
-   * Success.
-   */
+  // Success.
   PLE_OK = 0,
-  /**
-   * A bad argument: NULL pointer, wrong struct size, out-of-range value, malformed batch.
-   */
+  // A bad argument: NULL pointer, wrong struct size, out-of-range value, malformed batch.
   PLE_E_INVALID_ARGUMENT = -1,
-  /**
-   * An I/O call failed (open, read, write, mmap, fsync, rename).
-   */
+  // An I/O call failed (open, read, write, mmap, fsync, rename).
   PLE_E_IO = -2,
-  /**
-   * A file is malformed or does not match its metadata / source checkpoint.
-   */
+  // A file is malformed or does not match its metadata / source checkpoint.
   PLE_E_FORMAT = -3,
-  /**
-   * A wait ran past its timeout.
-   */
+  // A wait ran past its timeout.
   PLE_E_TIMEOUT = -4,
-  /**
-   * The call does not fit the handle's state (sequence number never submitted, reused or consumed).
-   */
+  // The call does not fit the handle's state (sequence number never submitted, reused or consumed).
   PLE_E_STATE = -5,
-  /**
-   * CUDA was requested but no CUDA driver could be loaded.
-   */
+  // CUDA was requested but no CUDA driver could be loaded.
   PLE_E_CUDA_UNAVAILABLE = -6,
-  /**
-   * A CUDA driver call failed.
-   */
+  // A CUDA driver call failed.
   PLE_E_CUDA = -7,
-  /**
-   * Valid request that this build, table or device does not support.
-   */
+  // Valid request that this build, table or device does not support.
   PLE_E_UNSUPPORTED = -8,
-  /**
-   * An internal panic was caught at the boundary (a bug in libple; please report it).
-   */
+  // An internal panic was caught at the boundary (a bug in libple; please report it).
   PLE_E_PANIC = -9,
-  /**
-   * An allocation failed.
-   */
+  // An allocation failed.
   PLE_E_OUT_OF_MEMORY = -10,
 } ple_status_code;
 
@@ -118,644 +78,400 @@ typedef enum ple_status_code {
  * Types: handle, options, table facts, counters, batches, callbacks
  * ============================================================================================== */
 
-/**
- * Opaque handle to an open table and its step pipeline. Create with `ple_open`, free with
- * `ple_close`. A handle's value is an id, never an address: libple never dereferences it, never
- * hands the same value out twice in a process, and answers a closed or foreign value with
- * `PLE_E_INVALID_ARGUMENT`.
- *
- * Thread safety: every call may come from any thread. `ple_submit` calls on one handle are
- * serialised internally (submit from one thread to keep the order of your seqs); `ple_wait`,
- * `ple_stats`, `ple_table_info`, `ple_ngram_ids` may run concurrently with anything, and
- * `ple_close` with any of them (see `ple_close`).
- */
+// Opaque handle to an open table and its step pipeline. Create with `ple_open`, free with
+// `ple_close`. A handle's value is an id, never an address: libple never dereferences it, never
+// hands the same value out twice in a process, and answers a closed or foreign value with
+// `PLE_E_INVALID_ARGUMENT`.
+//
+// Thread safety: every call may come from any thread. `ple_submit` calls on one handle are
+// serialised internally (submit from one thread to keep the order of your seqs); `ple_wait`,
+// `ple_stats`, `ple_table_info`, `ple_ngram_ids` may run concurrently with anything, and
+// `ple_close` with any of them (see `ple_close`).
 typedef struct ple_handle ple_handle;
 
-/**
- * Status code returned by every fallible libple call: `PLE_OK` (0) or a negative `PLE_E_*`
- * (a `ple_status_code`).
- */
+// Status code returned by every fallible libple call: `PLE_OK` (0) or a negative `PLE_E_*`
+// (a `ple_status_code`).
 typedef int32_t ple_status;
 
-/**
- * Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
- */
+// Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
 typedef int32_t ple_log_level;
 
-/**
- * Log callback: `level` a `PLE_LOG_*` value; `message` is valid only during the call. Runs on
- * libple's own log thread, never inside another libple call (see `ple_set_log_callback`).
- */
+// Log callback: `level` a `PLE_LOG_*` value; `message` is valid only during the call. Runs on
+// libple's own log thread, never inside another libple call (see `ple_set_log_callback`).
 typedef void (*ple_log_fn)(ple_log_level level, const char *message, void *user_data);
 
-/**
- * When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
- */
+// When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
 typedef int32_t ple_prefetch_policy;
 
-/**
- * What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
- */
+// What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
 typedef int32_t ple_ring_full_policy;
 
-/**
- * How a GPU handle orders the kernel after a step (`ple_options.wait_mode`): a `PLE_WAIT_*` value.
- */
+// How a GPU handle orders the kernel after a step (`ple_options.wait_mode`): a `PLE_WAIT_*` value.
 typedef int32_t ple_wait_mode;
 
-/**
- * How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
- */
+// How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
 typedef int32_t ple_io_mode;
 
-/**
- * Options for `ple_open`. Always initialise with `ple_options_default()`, then change fields:
- * `struct_size` lets later versions add fields without breaking callers.
- */
+// Options for `ple_open`. Always initialise with `ple_options_default()`, then change fields:
+// `struct_size` lets later versions add fields without breaking callers.
 typedef struct ple_options {
-  /**
-   * `sizeof(ple_options)` as the caller compiled it (set by `ple_options_default`).
-   */
+  // `sizeof(ple_options)` as the caller compiled it (set by `ple_options_default`).
   size_t struct_size;
-  /**
-   * Largest `num_tokens` one step may carry (default 8192). Sizes the staging slots.
-   */
+  // Largest `num_tokens` one step may carry (default 8192). Sizes the staging slots.
   uint32_t max_tokens_per_step;
-  /**
-   * Steps that may be submitted but not yet consumed (ring slots, default 2, 1..=64).
-   */
+  // Steps that may be submitted but not yet consumed (ring slots, default 2, 1..=64).
   uint32_t max_in_flight;
-  /**
-   * Gather threads in the handle's private pool (0 = number of CPUs, default 0).
-   */
+  // Gather threads in the handle's private pool (0 = number of CPUs, default 0).
   uint32_t num_threads;
-  /**
-   * `PLE_PREFETCH_AUTO` (default), `_ALWAYS` or `_NEVER`.
-   */
+  // `PLE_PREFETCH_AUTO` (default), `_ALWAYS` or `_NEVER`.
   ple_prefetch_policy prefetch_policy;
-  /**
-   * AUTO prefetches steps with at least this many rows (default 1).
-   */
+  // AUTO prefetches steps with at least this many rows (default 1).
   uint32_t prefetch_min_rows;
-  /**
-   * `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
-   */
+  // `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
   ple_ring_full_policy ring_full_policy;
-  /**
-   * Timeout, in microseconds (default 300 s), of the waits libple makes on the caller's behalf:
-   * in `ple_dequant_cpu`, `ple_packed_rows`, `ple_release_step`, `ple_dequant_fuse` (host wait),
-   * `ple_submit` on a full ring, and the device spin wait. Not used by `ple_wait`.
-   */
+  // Timeout, in microseconds (default 300 s), of the waits libple makes on the caller's behalf:
+  // in `ple_dequant_cpu`, `ple_packed_rows`, `ple_release_step`, `ple_dequant_fuse` (host wait),
+  // `ple_submit` on a full ring, and the device spin wait. Not used by `ple_wait`.
   uint64_t wait_timeout_us;
-  /**
-   * Tracked mode: tokens remembered per request, for context and speculative rollback (default 64, >= ngram_size - 1).
-   */
+  // Tracked mode: tokens remembered per request, for context and speculative rollback (default 64, >= ngram_size - 1).
   uint32_t history_window;
-  /**
-   * CUDA device ordinal, or -1 for CPU only (default -1).
-   */
+  // CUDA device ordinal, or -1 for CPU only (default -1).
   int32_t cuda_device;
-  /**
-   * `PLE_WAIT_AUTO` (default), `_HOST`, `_STREAM_OP` or `_SPIN_KERNEL`.
-   */
+  // `PLE_WAIT_AUTO` (default), `_HOST`, `_STREAM_OP` or `_SPIN_KERNEL`.
   ple_wait_mode wait_mode;
-  /**
-   * For tables made by the Python tool (`*.packed_u8`): path of the checkpoint's `config.json`
-   * (NULL: look beside the table). Ignored for libple tables.
-   */
+  // For tables made by the Python tool (`*.packed_u8`): path of the checkpoint's `config.json`
+  // (NULL: look beside the table). Ignored for libple tables.
   const char *config_json_path;
-  /**
-   * If not NULL: the checkpoint directory the table must have been packed from; opening fails
-   * with `PLE_E_FORMAT` when its fingerprint differs.
-   */
+  // If not NULL: the checkpoint directory the table must have been packed from; opening fails
+  // with `PLE_E_FORMAT` when its fingerprint differs.
   const char *checkpoint_dir;
-  /**
-   * Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default: 256
-   * MiB, at most an eighth of the memory available, for a DIRECT handle; none for MMAP), 0 (no
-   * cache) or a size (at most 1 TiB, holding at least one row). Rows found in it are copied from
-   * it; others are read from the table and inserted (S3-FIFO eviction). `ple_info.cache_bytes`
-   * reports what the handle got.
-   */
+  // Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default: 256
+  // MiB, at most an eighth of the memory available, for a DIRECT handle; none for MMAP), 0 (no
+  // cache) or a size (at most 1 TiB, holding at least one row). Rows found in it are copied from
+  // it; others are read from the table and inserted (S3-FIFO eviction). `ple_info.cache_bytes`
+  // reports what the handle got.
   uint64_t cache_bytes;
-  /**
-   * `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
-   * compiled without it get AUTO through `struct_size`).
-   */
+  // `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
+  // compiled without it get AUTO through `struct_size`).
   ple_io_mode io_mode;
-  /**
-   * Head shards (tensor/data-parallel ranks; appended in 0.1.x, callers compiled without them
-   * get the whole table): the handle serves shard `shard_index` of `shard_count` (1..=16,
-   * default 1 = the whole table), the contiguous heads `[shard_index·16/shard_count,
-   * (shard_index+1)·16/shard_count)` (`ple_info.shard_first_head`, `.shard_heads`). It hashes,
-   * reads, caches and counts only those heads' rows; `ple_packed_rows` gives
-   * `[tokens][shard_heads][row_bytes]`; `ple_dequant_*` write the whole `[tokens][2560]` row
-   * with -0.0 in the other heads' columns (`PLE_FUSE_ACCUMULATE`: nothing added there; -0.0
-   * because `x + -0.0 == x` for every `x`, +0.0 included), so the sum of all shards' outputs
-   * (an all-reduce, in any order) is the whole table's output bit for bit. A
-   * whole table opens as any shard; a shard table (`ple pack --shard`) only as its own shard
-   * (else `PLE_E_FORMAT`). Out of range: `PLE_E_INVALID_ARGUMENT`.
-   */
+  // Head shards (tensor/data-parallel ranks; appended in 0.1.x, callers compiled without them
+  // get the whole table): the handle serves shard `shard_index` of `shard_count` (1..=16,
+  // default 1 = the whole table), the contiguous heads `[shard_index·16/shard_count,
+  // (shard_index+1)·16/shard_count)` (`ple_info.shard_first_head`, `.shard_heads`). It hashes,
+  // reads, caches and counts only those heads' rows; `ple_packed_rows` gives
+  // `[tokens][shard_heads][row_bytes]`; `ple_dequant_*` write the whole `[tokens][2560]` row
+  // with -0.0 in the other heads' columns (`PLE_FUSE_ACCUMULATE`: nothing added there; -0.0
+  // because `x + -0.0 == x` for every `x`, +0.0 included), so the sum of all shards' outputs
+  // (an all-reduce, in any order) is the whole table's output bit for bit. A
+  // whole table opens as any shard; a shard table (`ple pack --shard`) only as its own shard
+  // (else `PLE_E_FORMAT`). Out of range: `PLE_E_INVALID_ARGUMENT`.
   uint32_t shard_count;
-  /**
-   * The shard this handle serves, `0..shard_count` (default 0).
-   */
+  // The shard this handle serves, `0..shard_count` (default 0).
   uint32_t shard_index;
-  /**
-   * Most rows queued for read-ahead (`ple_prefetch_ahead`); beyond it the oldest queued rows
-   * are dropped (`ple_counters.ahead_dropped`). 0 (the default) = the row cache's capacity in
-   * rows, or 262,144 without a cache (appended in 0.1.x).
-   */
+  // Most rows queued for read-ahead (`ple_prefetch_ahead`); beyond it the oldest queued rows
+  // are dropped (`ple_counters.ahead_dropped`). 0 (the default) = the row cache's capacity in
+  // rows, or 262,144 without a cache (appended in 0.1.x).
   uint64_t ahead_max_rows;
-  /**
-   * MMAP: the most bytes of the table the page cache holds for this handle; above it the least
-   * recently used 2 MiB chunks of the row file are dropped after a step
-   * (`ple_counters.resident_dropped_bytes`). 0 (the default) = no cap. Ignored in DIRECT
-   * mode (appended in 0.1.x).
-   */
+  // MMAP: the most bytes of the table the page cache holds for this handle; above it the least
+  // recently used 2 MiB chunks of the row file are dropped after a step
+  // (`ple_counters.resident_dropped_bytes`). 0 (the default) = no cap. Ignored in DIRECT
+  // mode (appended in 0.1.x).
   uint64_t resident_bytes_max;
 } ple_options;
 
-/**
- * Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
- */
+// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
 typedef int32_t ple_format;
 
-/**
- * How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
- */
+// How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
 typedef int32_t ple_io_backend;
 
-/**
- * Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
- */
+// Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
 typedef struct ple_info {
-  /**
-   * Set by the caller to `sizeof(ple_info)`.
-   */
+  // Set by the caller to `sizeof(ple_info)`.
   size_t struct_size;
-  /**
-   * `PLE_FORMAT_NVFP4`, `_FP8` or `_BF16`.
-   */
+  // `PLE_FORMAT_NVFP4`, `_FP8` or `_BF16`.
   ple_format format;
-  /**
-   * Bytes per row (90, 160 or 320).
-   */
+  // Bytes per row (90, 160 or 320).
   uint32_t row_bytes;
-  /**
-   * Rows in the file (padded).
-   */
+  // Rows in the file (padded).
   uint64_t total_rows;
-  /**
-   * Rows the hash can address (sum of head sizes).
-   */
+  // Rows the hash can address (sum of head sizes).
   uint64_t addressed_rows;
-  /**
-   * Heads (16) and elements per head (160).
-   */
+  // Heads (16) and elements per head (160).
   uint32_t num_heads;
   uint32_t head_dim;
-  /**
-   * N-gram order (3) and vocabulary size.
-   */
+  // N-gram order (3) and vocabulary size.
   uint32_t ngram_size;
   uint32_t vocab_size;
-  /**
-   * EOS / BOS token id.
-   */
+  // EOS / BOS token id.
   int32_t eos_token_id;
-  /**
-   * The global dequantisation scale (1.0 for bf16).
-   */
+  // The global dequantisation scale (1.0 for bf16).
   float global_scale;
-  /**
-   * Size of the row file in bytes.
-   */
+  // Size of the row file in bytes.
   uint64_t file_size;
-  /**
-   * 1 if device-side waiting is available on the handle's GPU, else 0.
-   */
+  // 1 if device-side waiting is available on the handle's GPU, else 0.
   int32_t device_wait_supported;
-  /**
-   * Name of the source checkpoint (NUL-terminated, truncated to fit).
-   */
+  // Name of the source checkpoint (NUL-terminated, truncated to fit).
   char source_name[256];
-  /**
-   * Hex fingerprint of the source checkpoint's index and shard headers (NUL-terminated).
-   */
+  // Hex fingerprint of the source checkpoint's index and shard headers (NUL-terminated).
   char source_fingerprint[72];
-  /**
-   * The I/O mode the handle runs with, AUTO resolved: `PLE_IO_MMAP` or `PLE_IO_DIRECT`.
-   */
+  // The I/O mode the handle runs with, AUTO resolved: `PLE_IO_MMAP` or `PLE_IO_DIRECT`.
   ple_io_mode io_mode;
-  /**
-   * How its reads are issued: a `PLE_IO_BACKEND_*` value.
-   */
+  // How its reads are issued: a `PLE_IO_BACKEND_*` value.
   ple_io_backend io_backend;
-  /**
-   * Bytes of the handle's row cache (`options.cache_bytes`, `PLE_CACHE_AUTO` resolved; 0 = no
-   * cache). Appended in 0.1.x.
-   */
+  // Bytes of the handle's row cache (`options.cache_bytes`, `PLE_CACHE_AUTO` resolved; 0 = no
+  // cache). Appended in 0.1.x.
   uint64_t cache_bytes;
-  /**
-   * The head shard served (`options.shard_index` of `.shard_count`; 0 of 1 = the whole table)
-   * and its heads `[shard_first_head, shard_first_head + shard_heads)`: the rows per token of
-   * `ple_packed_rows`. `total_rows` and `file_size` are the open file's (a shard table's own).
-   * Appended in 0.1.x.
-   */
+  // The head shard served (`options.shard_index` of `.shard_count`; 0 of 1 = the whole table)
+  // and its heads `[shard_first_head, shard_first_head + shard_heads)`: the rows per token of
+  // `ple_packed_rows`. `total_rows` and `file_size` are the open file's (a shard table's own).
+  // Appended in 0.1.x.
   uint32_t shard_index;
   uint32_t shard_count;
   uint32_t shard_first_head;
   uint32_t shard_heads;
 } ple_info;
 
-/**
- * Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
- */
+// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
 typedef struct ple_counters {
-  /**
-   * Set by the caller to `sizeof(ple_counters)`.
-   */
+  // Set by the caller to `sizeof(ple_counters)`.
   size_t struct_size;
-  /**
-   * Steps completed, prefill and decode apart: a step is prefill when some request's span in it
-   * has more than 8 tokens, so speculative verification of up to 8 tokens counts as decode.
-   */
+  // Steps completed, prefill and decode apart: a step is prefill when some request's span in it
+  // has more than 8 tokens, so speculative verification of up to 8 tokens counts as decode.
   uint64_t prefill_steps;
   uint64_t decode_steps;
-  /**
-   * Tokens and rows gathered, prefill and decode apart.
-   */
+  // Tokens and rows gathered, prefill and decode apart.
   uint64_t prefill_tokens;
   uint64_t decode_tokens;
   uint64_t prefill_rows;
   uint64_t decode_rows;
-  /**
-   * Distinct 4 KiB pages the steps' rows touched (per step, summed).
-   */
+  // Distinct 4 KiB pages the steps' rows touched (per step, summed).
   uint64_t unique_pages;
-  /**
-   * Pages covered by WILLNEED prefetch ranges.
-   */
+  // Pages covered by WILLNEED prefetch ranges.
   uint64_t pages_prefetched;
-  /**
-   * Steps that issued a prefetch.
-   */
+  // Steps that issued a prefetch.
   uint64_t prefetch_steps;
-  /**
-   * Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
-   */
+  // Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
   uint64_t major_faults;
   uint64_t minor_faults;
-  /**
-   * Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the worker threads
-   * caused to be read (`/proc/thread-self/io` read_bytes).
-   */
+  // Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the worker threads
+  // caused to be read (`/proc/thread-self/io` read_bytes).
   uint64_t storage_read_bytes;
-  /**
-   * Time spent per stage, summed over steps.
-   */
+  // Time spent per stage, summed over steps.
   uint64_t hash_ns;
   uint64_t prefetch_ns;
   uint64_t gather_ns;
   uint64_t copy_ns;
-  /**
-   * Time callers spent blocked in `ple_wait` / host waits.
-   */
+  // Time callers spent blocked in `ple_wait` / host waits.
   uint64_t wait_ns;
-  /**
-   * Submit-to-done latency summed, prefill and decode apart.
-   */
+  // Submit-to-done latency summed, prefill and decode apart.
   uint64_t prefill_step_ns;
   uint64_t decode_step_ns;
-  /**
-   * Waits that timed out; steps that failed.
-   */
+  // Waits that timed out; steps that failed.
   uint64_t timeouts;
   uint64_t failed_steps;
-  /**
-   * On demand at the `ple_stats` call: table pages resident in the page cache (mincore), total table pages.
-   */
+  // On demand at the `ple_stats` call: table pages resident in the page cache (mincore), total table pages.
   uint64_t resident_pages;
   uint64_t table_pages;
-  /**
-   * On demand: MemAvailable from /proc/meminfo, bytes.
-   */
+  // On demand: MemAvailable from /proc/meminfo, bytes.
   uint64_t mem_available_bytes;
-  /**
-   * Time steps spent between `ple_submit` and the worker starting them, summed: queueing
-   * behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
-   */
+  // Time steps spent between `ple_submit` and the worker starting them, summed: queueing
+  // behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
   uint64_t queue_ns;
-  /**
-   * Rows copied from the row cache, and rows read from the table on a cache miss (0 without
-   * a cache): their sum is the rows of the steps gathered through the cache.
-   */
+  // Rows copied from the row cache, and rows read from the table on a cache miss (0 without
+  // a cache): their sum is the rows of the steps gathered through the cache.
   uint64_t cache_hits;
   uint64_t cache_misses;
-  /**
-   * Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
-   * `options.cache_bytes`.
-   */
+  // Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
+  // `options.cache_bytes`.
   uint64_t cache_bytes_used;
-  /**
-   * Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
-   * `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
-   */
+  // Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
+  // `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
   uint64_t storage_reads;
-  /**
-   * Read-ahead (`ple_prefetch_ahead`, appended in 0.1.x): rows asked; read into the row cache
-   * (or the page cache); dropped (beyond `options.ahead_max_rows`, a failed read, the handle
-   * closing, or DIRECT mode without a row cache); found already cached when their turn came.
-   * Once the queue is drained, `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
-   */
+  // Read-ahead (`ple_prefetch_ahead`, appended in 0.1.x): rows asked; read into the row cache
+  // (or the page cache); dropped (beyond `options.ahead_max_rows`, a failed read, the handle
+  // closing, or DIRECT mode without a row cache); found already cached when their turn came.
+  // Once the queue is drained, `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
   uint64_t ahead_asked;
   uint64_t ahead_read;
   uint64_t ahead_dropped;
   uint64_t ahead_cached;
-  /**
-   * Rows of steps found in the row cache that a read-ahead had brought in (part of
-   * `cache_hits`).
-   */
+  // Rows of steps found in the row cache that a read-ahead had brought in (part of
+  // `cache_hits`).
   uint64_t ahead_hits;
-  /**
-   * Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
-   * stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
-   * handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
-   * the ones the reaper has freed (their difference: handles still held by stalled reads).
-   */
+  // Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
+  // stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
+  // handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
+  // the ones the reaper has freed (their difference: handles still held by stalled reads).
   uint64_t abandoned_handles;
   uint64_t reaped_handles;
-  /**
-   * MMAP with `options.resident_bytes_max`: bytes of the table dropped from the page cache
-   * to keep within the cap.
-   */
+  // MMAP with `options.resident_bytes_max`: bytes of the table dropped from the page cache
+  // to keep within the cap.
   uint64_t resident_dropped_bytes;
 } ple_counters;
 
-/**
- * One engine step's tokens. All arrays are read during the call only (`ple_submit` copies them).
- */
+// One engine step's tokens. All arrays are read during the call only (`ple_submit` copies them).
 typedef struct ple_batch {
-  /**
-   * `[num_tokens]` token ids, each in `[0, vocab_size)`.
-   */
+  // `[num_tokens]` token ids, each in `[0, vocab_size)`.
   const int32_t *tokens;
-  /**
-   * `[num_tokens]` position of each token in its request's sequence (consecutive inside a span).
-   */
+  // `[num_tokens]` position of each token in its request's sequence (consecutive inside a span).
   const int32_t *positions;
-  /**
-   * Tokens in the step (1..=max_tokens_per_step).
-   */
+  // Tokens in the step (1..=max_tokens_per_step).
   uint32_t num_tokens;
-  /**
-   * `[num_requests]` request ids (unique within a batch).
-   */
+  // `[num_requests]` request ids (unique within a batch).
   const uint64_t *request_ids;
-  /**
-   * `[num_requests + 1]` offsets into `tokens`: first 0, last `num_tokens`, non-decreasing; request
-   * `i` owns tokens `[query_start[i], query_start[i+1])`.
-   */
+  // `[num_requests + 1]` offsets into `tokens`: first 0, last `num_tokens`, non-decreasing; request
+  // `i` owns tokens `[query_start[i], query_start[i+1])`.
   const uint32_t *query_start;
-  /**
-   * Requests in the step.
-   */
+  // Requests in the step.
   uint32_t num_requests;
-  /**
-   * NULL (tracked mode: libple remembers each request's tokens), or `[num_requests][ngram_size - 1]`
-   * (stateless mode): the tokens just before each span, oldest first, EOS where the sequence has none.
-   */
+  // NULL (tracked mode: libple remembers each request's tokens), or `[num_requests][ngram_size - 1]`
+  // (stateless mode): the tokens just before each span, oldest first, EOS where the sequence has none.
   const int32_t *context;
 } ple_batch;
 
-/**
- * Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
- */
+// Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
 typedef int32_t ple_dtype;
 
-/**
- * Flags of `ple_dequant_*`: `PLE_FUSE_*` bits.
- */
+// Flags of `ple_dequant_*`: `PLE_FUSE_*` bits.
 typedef uint32_t ple_fuse_flags;
 
-/**
- * One engine step's tokens in per-token form (llama.cpp's `llama_batch` shape), for
- * `ple_submit_tokens` and `ple_ngram_ids_tokens`: every token carries its own request id and
- * position, in any order. All arrays are read during the call only.
- *
- * Each request's positions in the step must be distinct and consecutive (`p .. p+m-1`, in any
- * order). Row ids are those of the same tokens in the offsets form (`ple_batch`), and the step's
- * rows (`ple_packed_rows`, `ple_dequant_*`, the ids of `ple_ngram_ids_tokens`) come in the
- * caller's token order. Versioned: set `struct_size = sizeof(ple_token_batch)`.
- */
+// One engine step's tokens in per-token form (llama.cpp's `llama_batch` shape), for
+// `ple_submit_tokens` and `ple_ngram_ids_tokens`: every token carries its own request id and
+// position, in any order. All arrays are read during the call only.
+//
+// Each request's positions in the step must be distinct and consecutive (`p .. p+m-1`, in any
+// order). Row ids are those of the same tokens in the offsets form (`ple_batch`), and the step's
+// rows (`ple_packed_rows`, `ple_dequant_*`, the ids of `ple_ngram_ids_tokens`) come in the
+// caller's token order. Versioned: set `struct_size = sizeof(ple_token_batch)`.
 typedef struct ple_token_batch {
-  /**
-   * `sizeof(ple_token_batch)` as the caller compiled it.
-   */
+  // `sizeof(ple_token_batch)` as the caller compiled it.
   size_t struct_size;
-  /**
-   * `[num_tokens]` token ids, each in `[0, vocab_size)`.
-   */
+  // `[num_tokens]` token ids, each in `[0, vocab_size)`.
   const int32_t *tokens;
-  /**
-   * `[num_tokens]` position of each token in its request's sequence.
-   */
+  // `[num_tokens]` position of each token in its request's sequence.
   const int32_t *positions;
-  /**
-   * `[num_tokens]` the request each token belongs to.
-   */
+  // `[num_tokens]` the request each token belongs to.
   const uint64_t *token_request_ids;
-  /**
-   * Tokens in the step (1..=max_tokens_per_step).
-   */
+  // Tokens in the step (1..=max_tokens_per_step).
   uint32_t num_tokens;
-  /**
-   * NULL (tracked mode), or `[num_requests][ngram_size - 1]` (stateless mode) with the requests
-   * in order of their first token in `tokens`: the tokens just before the request's lowest
-   * position in the step, oldest first, EOS where the sequence has none.
-   */
+  // NULL (tracked mode), or `[num_requests][ngram_size - 1]` (stateless mode) with the requests
+  // in order of their first token in `tokens`: the tokens just before the request's lowest
+  // position in the step, oldest first, EOS where the sequence has none.
   const int32_t *context;
 } ple_token_batch;
 
-/**
- * Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
- */
+// Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
 typedef struct ple_pack_options {
-  /**
-   * `sizeof(ple_pack_options)` as the caller compiled it.
-   */
+  // `sizeof(ple_pack_options)` as the caller compiled it.
   size_t struct_size;
-  /**
-   * Non-zero: replace an existing table packed from another checkpoint (default 0: refuse).
-   */
+  // Non-zero: replace an existing table packed from another checkpoint (default 0: refuse).
   int32_t force;
-  /**
-   * Bytes per write buffer (default 8 MiB; bounds the packer's memory).
-   */
+  // Bytes per write buffer (default 8 MiB; bounds the packer's memory).
   uint64_t buffer_bytes;
-  /**
-   * Write a shard table: only the rows of heads shard `shard_index` of `shard_count` serves
-   * (default 1 = the whole table; see `ple_options.shard_count`). The shards' files add up
-   * to the whole table's. Appended in 0.1.x.
-   */
+  // Write a shard table: only the rows of heads shard `shard_index` of `shard_count` serves
+  // (default 1 = the whole table; see `ple_options.shard_count`). The shards' files add up
+  // to the whole table's. Appended in 0.1.x.
   uint32_t shard_count;
-  /**
-   * The shard to write, `0..shard_count` (default 0).
-   */
+  // The shard to write, `0..shard_count` (default 0).
   uint32_t shard_index;
 } ple_pack_options;
 
-/**
- * Progress callback of `ple_pack`: bytes written so far and in all. Return 0 to go on, non-zero to
- * cancel (the pack then fails with `PLE_E_STATE` and leaves no table behind).
- */
+// Progress callback of `ple_pack`: bytes written so far and in all. Return 0 to go on, non-zero to
+// cancel (the pack then fails with `PLE_E_STATE` and leaves no table behind).
 typedef int32_t (*ple_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user_data);
 
 /* ==============================================================================================
  * Values of the typed fields and arguments (PLE_FORMAT_*, PLE_DTYPE_*, ...)
  * ============================================================================================== */
 
-/**
- * Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
- */
+// Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
 #define PLE_FORMAT_NVFP4 1
 
-/**
- * Row format `fp8`: 160 E4M3 bytes per row.
- */
+// Row format `fp8`: 160 E4M3 bytes per row.
 #define PLE_FORMAT_FP8 2
 
-/**
- * Row format `bf16`: 160 little-endian bf16 per row.
- */
+// Row format `bf16`: 160 little-endian bf16 per row.
 #define PLE_FORMAT_BF16 3
 
-/**
- * Output element type: IEEE float32.
- */
+// Output element type: IEEE float32.
 #define PLE_DTYPE_F32 0
 
-/**
- * Output element type: IEEE float16.
- */
+// Output element type: IEEE float16.
 #define PLE_DTYPE_F16 1
 
-/**
- * Output element type: bfloat16.
- */
+// Output element type: bfloat16.
 #define PLE_DTYPE_BF16 2
 
-/**
- * `ple_dequant_*` flag: add into `out` instead of overwriting it.
- */
+// `ple_dequant_*` flag: add into `out` instead of overwriting it.
 #define PLE_FUSE_ACCUMULATE 1
 
-/**
- * Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
- * decode included) unless a residency sample finds its pages cached (mincore of one page after
- * cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
- * prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
- * advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
- * or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
- * issue WILLNEED overlapped with the gather.
- */
+// Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
+// decode included) unless a residency sample finds its pages cached (mincore of one page after
+// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
+// prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
+// advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
+// or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
+// issue WILLNEED overlapped with the gather.
 #define PLE_PREFETCH_AUTO 0
 
-/**
- * Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
- */
+// Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
 #define PLE_PREFETCH_ALWAYS 1
 
-/**
- * Prefetch policy: never prefetch (MADV_RANDOM faults only).
- */
+// Prefetch policy: never prefetch (MADV_RANDOM faults only).
 #define PLE_PREFETCH_NEVER 2
 
-/**
- * I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
- * its file, else MMAP (the default).
- */
+// I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
+// its file, else MMAP (the default).
 #define PLE_IO_AUTO 0
 
-/**
- * I/O mode: gather from the read-only mapping through the page cache.
- */
+// I/O mode: gather from the read-only mapping through the page cache.
 #define PLE_IO_MMAP 1
 
-/**
- * I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
- * `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
- */
+// I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
+// `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
 #define PLE_IO_DIRECT 2
 
-/**
- * I/O backend: none (MMAP mode: page faults and WILLNEED advice).
- */
+// I/O backend: none (MMAP mode: page faults and WILLNEED advice).
 #define PLE_IO_BACKEND_MMAP 0
 
-/**
- * I/O backend: io_uring, a step's reads kept at depth 128.
- */
+// I/O backend: io_uring, a step's reads kept at depth 128.
 #define PLE_IO_BACKEND_IO_URING 1
 
-/**
- * I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
- */
+// I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
 #define PLE_IO_BACKEND_PREAD_POOL 2
 
-/**
- * Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
- */
+// Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
 #define PLE_RING_WAIT 0
 
-/**
- * Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
- */
+// Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
 #define PLE_RING_ERROR 1
 
-/**
- * GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
- */
+// GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
 #define PLE_WAIT_AUTO 0
 
-/**
- * GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
- */
+// GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
 #define PLE_WAIT_HOST 1
 
-/**
- * GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
- */
+// GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
 #define PLE_WAIT_STREAM_OP 2
 
-/**
- * GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
- */
+// GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
 #define PLE_WAIT_SPIN_KERNEL 3
 
-/**
- * Log level: errors.
- */
+// Log level: errors.
 #define PLE_LOG_ERROR 1
 
-/**
- * Log level: warnings (and errors).
- */
+// Log level: warnings (and errors).
 #define PLE_LOG_WARN 2
 
-/**
- * Log level: information.
- */
+// Log level: information.
 #define PLE_LOG_INFO 3
 
-/**
- * Log level: debugging detail (every error returned, with its text).
- */
+// Log level: debugging detail (every error returned, with its text).
 #define PLE_LOG_DEBUG 4
 
-/**
- * Log level: everything.
- */
+// Log level: everything.
 #define PLE_LOG_TRACE 5
 
 #ifdef __cplusplus
@@ -766,352 +482,303 @@ extern "C" {
  * Errors, versions and logging
  * ============================================================================================== */
 
-/**
- * A static name for a status code ("PLE_OK", "PLE_E_IO", ...; "unknown status" otherwise).
- */
+// A static name for a status code ("PLE_OK", "PLE_E_IO", ...; "unknown status" otherwise).
 const char *ple_status_name(ple_status status);
 
-/**
- * The library version as "MAJOR.MINOR.PATCH" (static storage; never NULL).
- */
+// The library version as "MAJOR.MINOR.PATCH" (static storage; never NULL).
 const char *ple_version_string(void);
 
-/**
- * The ABI version of the loaded library (`PLE_ABI_VERSION` of the header it was built with).
- * Compare with the header's `PLE_ABI_VERSION` at start-up.
- */
+// The ABI version of the loaded library (`PLE_ABI_VERSION` of the header it was built with).
+// Compare with the header's `PLE_ABI_VERSION` at start-up.
 uint32_t ple_abi_version(void);
 
-/**
- * The cause of the last failed libple call on this thread, in words ("" if the last call
- * succeeded). The pointer stays valid until the next libple call on the same thread.
- */
+// The cause of the last failed libple call on this thread, in words ("" if the last call
+// succeeded). The pointer stays valid until the next libple call on the same thread.
 const char *ple_last_error_message(void);
 
-/**
- * Routes libple's log messages to `callback` (NULL removes it). `max_level` (`PLE_LOG_*`) is the most
- * verbose level delivered. Without a callback, messages go to stderr at the level named by the
- * `PLE_LOG` environment variable (default warn), unless the process installed its own Rust logger.
- *
- * The callback runs on libple's own `ple-log` thread, shortly after the message was logged,
- * never inside another libple call and never while libple holds a lock: it may call any libple
- * function, `ple_wait` and `ple_close` included. A slow callback delays only later messages (at
- * most 4,096 wait; more are dropped and their number reported). When `ple_set_log_callback`
- * returns (called from any thread but the callback itself), messages logged before it were
- * delivered to the old callback, which is no longer running and will not be called again.
- *
- * # Safety
- * `callback`, if not NULL, must be a function safe to call from another thread with `user_data`
- * until it is replaced or removed.
- */
+// Routes libple's log messages to `callback` (NULL removes it). `max_level` (`PLE_LOG_*`) is the most
+// verbose level delivered. Without a callback, messages go to stderr at the level named by the
+// `PLE_LOG` environment variable (default warn), unless the process installed its own Rust logger.
+//
+// The callback runs on libple's own `ple-log` thread, shortly after the message was logged,
+// never inside another libple call and never while libple holds a lock: it may call any libple
+// function, `ple_wait` and `ple_close` included. A slow callback delays only later messages (at
+// most 4,096 wait; more are dropped and their number reported). When `ple_set_log_callback`
+// returns (called from any thread but the callback itself), messages logged before it were
+// delivered to the old callback, which is no longer running and will not be called again.
+//
+// # Safety
+// `callback`, if not NULL, must be a function safe to call from another thread with `user_data`
+// until it is replaced or removed.
 ple_status ple_set_log_callback(ple_log_fn callback, ple_log_level max_level, void *user_data);
 
 /* ==============================================================================================
  * Handles: open, close, table facts, counters
  * ============================================================================================== */
 
-/**
- * Fills `options` with the defaults (and `struct_size`). Returns `PLE_E_INVALID_ARGUMENT` on NULL.
- *
- * # Safety
- * `options` is NULL or points to writable memory for one `ple_options`.
- */
+// Fills `options` with the defaults (and `struct_size`). Returns `PLE_E_INVALID_ARGUMENT` on NULL.
+//
+// # Safety
+// `options` is NULL or points to writable memory for one `ple_options`.
 ple_status ple_options_default(struct ple_options *options);
 
-/**
- * Opens the packed table in directory `table_dir` (read-only mmap, MADV_RANDOM), validates it,
- * and starts its step pipeline. `options` may be NULL for the defaults. On success `*out_handle`
- * owns the handle (free it with `ple_close`); on failure it is set to NULL.
- *
- * Before anything is allocated, the staging the options ask for (`max_in_flight ×
- * max_tokens_per_step × 16 × row_bytes` bytes) is compared with the memory the machine can give
- * (MemAvailable, or the cgroup's `memory.max` headroom when smaller): more is refused with
- * `PLE_E_OUT_OF_MEMORY` and a message naming the bytes needed. `cuda_device >= 0` on a machine
- * without a CUDA driver returns `PLE_E_CUDA_UNAVAILABLE`.
- *
- * # Safety
- * `table_dir` is NULL or a NUL-terminated string; `options` is NULL or an initialised
- * `ple_options` (from `ple_options_default`) whose path fields are NULL or NUL-terminated
- * strings; `out_handle` is NULL or writable.
- */
+// Opens the packed table in directory `table_dir` read-only, validates it, and starts its step
+// pipeline (how each `io_mode` reads: docs/ARCHITECTURE.md). Blocks until the handle is ready.
+// `options` may be NULL for the defaults. On success `*out_handle` owns the handle (free it with
+// `ple_close`); on failure it is set to NULL.
+//
+// Before anything is allocated, the staging the options ask for (`max_in_flight ×
+// max_tokens_per_step × 16 × row_bytes` bytes) is compared with the memory the machine can give
+// (MemAvailable, or the cgroup's `memory.max` headroom when smaller): more is refused with
+// `PLE_E_OUT_OF_MEMORY` and a message naming the bytes needed. `cuda_device >= 0` on a machine
+// without a CUDA driver returns `PLE_E_CUDA_UNAVAILABLE`.
+//
+// # Safety
+// `table_dir` is NULL or a NUL-terminated string; `options` is NULL or an initialised
+// `ple_options` (from `ple_options_default`) whose path fields are NULL or NUL-terminated
+// strings; `out_handle` is NULL or writable.
 ple_status ple_open(const char *table_dir, const struct ple_options *options, struct ple_handle **out_handle);
 
-/**
- * Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
- * have returned, then stops its worker after the step in flight, unmaps the table and frees
- * everything. A worker that does not stop within 30 ms (a read stalled on the device) is handed
- * to a detached reaper thread, which joins it and frees the handle once the kernel completes the
- * read: `ple_close` is bounded whatever the storage does (`ple_counters.abandoned_handles`).
- *
- * Calls on the handle from other threads that are blocked (`ple_wait`, `ple_submit` on a full
- * ring, the wait inside `ple_dequant_*`, `ple_packed_rows` and `ple_release_step`) return
- * `PLE_E_STATE` promptly; a dequant already copying rows finishes its copy first. Calls made
- * after `ple_close` started get `PLE_E_INVALID_ARGUMENT`. NULL is a no-op, and so is a second
- * `ple_close` of the same pointer: handle values are never reused within a process, so a stale
- * pointer never closes another handle.
- *
- * # Safety
- * Safe for any value of `handle`: it is looked up, never dereferenced, and a value that is not
- * an open handle is ignored (and logged at debug level). It may be called from a libple callback.
- */
+// Closes a handle and frees everything it holds. It wakes every call blocked on the handle and
+// returns once those calls have returned and the step in flight has stopped, and within a bound
+// whatever the storage does: a handle whose read the device stalls is freed in the background
+// when that read completes (`ple_counters.abandoned_handles`; the bound and how it is kept:
+// docs/RELIABILITY.md, "C API and pipeline").
+//
+// Calls on the handle from other threads that are blocked (`ple_wait`, `ple_submit` on a full
+// ring, the wait inside `ple_dequant_*`, `ple_packed_rows` and `ple_release_step`) return
+// `PLE_E_STATE` promptly; a dequant already copying rows finishes its copy first. Calls made
+// after `ple_close` started get `PLE_E_INVALID_ARGUMENT`. NULL is a no-op, and so is a second
+// `ple_close` of the same pointer: handle values are never reused within a process, so a stale
+// pointer never closes another handle.
+//
+// # Safety
+// Safe for any value of `handle`: it is looked up, never dereferenced, and a value that is not
+// an open handle is ignored (and logged at debug level). It may be called from a libple callback.
 void ple_close(struct ple_handle *handle);
 
-/**
- * Copies facts about the open table into `*info` (set `info->struct_size = sizeof(ple_info)`).
- *
- * # Safety
- * `info` is NULL or points to a writable struct of `info->struct_size` bytes.
- */
+// Copies facts about the open table into `*info` (set `info->struct_size = sizeof(ple_info)`).
+//
+// # Safety
+// `info` is NULL or points to a writable struct of `info->struct_size` bytes.
 ple_status ple_table_info(const struct ple_handle *handle, struct ple_info *info);
 
-/**
- * Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
- * Residency and MemAvailable are measured at the call: one mincore over the whole table, about
- * 0.15 s per 4 GiB of table (it grows with the table's size) — poll it
- * now and then, not every step (the other counters cost nothing to keep).
- *
- * # Safety
- * `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
- */
+// Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
+// May run concurrently with any call. Residency and MemAvailable are measured at the call, which
+// therefore blocks for a time that grows with the table's size (tenths of a second for a few GiB:
+// README, "Limitations"): poll it now and then, not every step. The other counters cost nothing
+// to keep.
+//
+// # Safety
+// `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
 ple_status ple_stats(const struct ple_handle *handle, struct ple_counters *stats);
 
 /* ==============================================================================================
  * Steps: submit, wait, host views, CPU dequant, row ids
  * ============================================================================================== */
 
-/**
- * Submits one engine step. Validates the batch (errors are returned here, nothing is guessed),
- * copies it, updates tracked request history, and returns; a worker then hashes, prefetches,
- * gathers and publishes `done = seq`. `seq` must be greater than every earlier `seq` of this
- * handle (0 is not a valid seq).
- *
- * With every ring slot holding a step not yet consumed, `PLE_RING_WAIT` blocks up to the
- * handle's `wait_timeout_us` (then `PLE_E_TIMEOUT`) and `PLE_RING_ERROR` fails at once with
- * `PLE_E_STATE`; a `ple_close` meanwhile ends the wait with `PLE_E_STATE`. Tracked mode refuses a
- * batch that would track more than `PLE_MAX_TRACKED_REQUESTS` requests (`PLE_E_STATE`).
- *
- * # Safety
- * `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states.
- */
+// Submits one engine step. Validates the batch (errors are returned here, nothing is guessed),
+// copies it (the caller's arrays are free again when the call returns), updates tracked request
+// history, and returns without waiting for the rows, which are read in the background (the
+// pipeline: docs/ARCHITECTURE.md); `ple_wait(seq)` tells when they are ready. `seq` must be
+// greater than every earlier `seq` of this handle (0 is not a valid seq).
+//
+// With every ring slot holding a step not yet consumed, `PLE_RING_WAIT` blocks up to the
+// handle's `wait_timeout_us` (then `PLE_E_TIMEOUT`) and `PLE_RING_ERROR` fails at once with
+// `PLE_E_STATE`; a `ple_close` meanwhile ends the wait with `PLE_E_STATE`. Tracked mode refuses a
+// batch that would track more than `PLE_MAX_TRACKED_REQUESTS` requests (`PLE_E_STATE`).
+//
+// # Safety
+// `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states.
 ple_status ple_submit(struct ple_handle *handle, const struct ple_batch *batch, uint64_t seq);
 
-/**
- * Waits until step `seq` is complete (`done >= seq`), spinning briefly then sleeping.
- *
- * `timeout_us`: 0 polls (returns at once: `PLE_OK` if the step is complete, `PLE_E_TIMEOUT` if
- * not; a poll is not counted in `ple_counters.timeouts`); `UINT64_MAX` waits forever; any other
- * value waits at most that many microseconds. The handle's `wait_timeout_us` plays no part here.
- * Returns `PLE_OK`, the step's own error if it failed, `PLE_E_TIMEOUT`, `PLE_E_STATE` for a seq
- * never submitted, or `PLE_E_STATE` when `ple_close` ends the wait. A step already consumed
- * (`ple_dequant_*`) or released (`ple_release_step`) is still a submitted step: `PLE_OK` once it
- * is complete, or its own error while its failure is recorded (a consuming call that reported
- * the failure forgets it). So after `ple_dequant_fuse` in a device-wait mode, `ple_wait(seq)`
- * tells the engine whether the step the kernel consumed succeeded.
- *
- * # Safety
- * Safe for any argument values (the handle is looked up, never dereferenced).
- */
+// Waits until step `seq` is complete (`done >= seq`), spinning briefly then sleeping.
+//
+// `timeout_us`: 0 polls (returns at once: `PLE_OK` if the step is complete, `PLE_E_TIMEOUT` if
+// not; a poll is not counted in `ple_counters.timeouts`); `UINT64_MAX` waits forever; any other
+// value waits at most that many microseconds. The handle's `wait_timeout_us` plays no part here.
+// Returns `PLE_OK`, the step's own error if it failed, `PLE_E_TIMEOUT`, `PLE_E_STATE` for a seq
+// never submitted, or `PLE_E_STATE` when `ple_close` ends the wait. A step already consumed
+// (`ple_dequant_*`) or released (`ple_release_step`) is still a submitted step: `PLE_OK` once it
+// is complete, or its own error while its failure is recorded (a consuming call that reported
+// the failure forgets it). So after `ple_dequant_fuse` in a device-wait mode, `ple_wait(seq)`
+// tells the engine whether the step the kernel consumed succeeded.
+//
+// # Safety
+// Safe for any argument values (the handle is looked up, never dereferenced).
 ple_status ple_wait(const struct ple_handle *handle, uint64_t seq, uint64_t timeout_us);
 
-/**
- * Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]` (a head
- * shard's handle: `[*num_tokens][ple_info.shard_heads][row_bytes]`, its heads in order), valid
- * until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first,
- * up to the handle's `wait_timeout_us`. Does not consume the step.
- *
- * # Safety
- * `rows` and `num_tokens` are NULL or writable.
- */
+// Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]` (a head
+// shard's handle: `[*num_tokens][ple_info.shard_heads][row_bytes]`, its heads in order), valid
+// until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first,
+// up to the handle's `wait_timeout_us`. Does not consume the step.
+//
+// # Safety
+// `rows` and `num_tokens` are NULL or writable.
 ple_status ple_packed_rows(const struct ple_handle *handle, uint64_t seq, const uint8_t **rows, uint32_t *num_tokens);
 
-/**
- * Releases step `seq`'s staging slot without dequantising it (the `ple_dequant_*` calls release it
- * themselves). Waits for the step first, up to the handle's `wait_timeout_us`. Releasing a step
- * twice, or one that was never submitted, returns `PLE_E_STATE`; releasing a failed step forgets
- * its error and returns `PLE_OK`.
- *
- * # Safety
- * Safe for any argument values (the handle is looked up, never dereferenced).
- */
+// Releases step `seq`'s staging slot without dequantising it (the `ple_dequant_*` calls release it
+// themselves). Waits for the step first, up to the handle's `wait_timeout_us`. Releasing a step
+// twice, or one that was never submitted, returns `PLE_E_STATE`; releasing a failed step forgets
+// its error and returns `PLE_OK`.
+//
+// # Safety
+// Safe for any argument values (the handle is looked up, never dereferenced).
 ple_status ple_release_step(struct ple_handle *handle, uint64_t seq);
 
-/**
- * Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of `PLE_EMBED_DIM`
- * elements of `out_dtype`, row `t` at `out + t * out_stride` elements
- * (`out_stride >= PLE_EMBED_DIM`). `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`.
- *
- * Waits for the step first, up to the handle's `wait_timeout_us` (so a small `wait_timeout_us`
- * bounds this call too: `PLE_E_TIMEOUT`), then dequantises and releases its slot. The step is
- * consumed only when the call returns `PLE_OK`: bad arguments, a timeout or a close leave it in
- * place for a retry. A step that failed returns its own error, and is released by that.
- *
- * # Safety
- * `out` is NULL or valid for reads and writes of `(num_tokens - 1) * out_stride + PLE_EMBED_DIM`
- * elements of `out_dtype`, aligned for it, and not accessed by anyone else during the call.
- */
+// Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of `PLE_EMBED_DIM`
+// elements of `out_dtype`, row `t` at `out + t * out_stride` elements
+// (`out_stride >= PLE_EMBED_DIM`). `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`.
+//
+// Waits for the step first, up to the handle's `wait_timeout_us` (so a small `wait_timeout_us`
+// bounds this call too: `PLE_E_TIMEOUT`), then dequantises and releases its slot. The step is
+// consumed only when the call returns `PLE_OK`: bad arguments, a timeout or a close leave it in
+// place for a retry. A step that failed returns its own error, and is released by that.
+//
+// # Safety
+// `out` is NULL or valid for reads and writes of `(num_tokens - 1) * out_stride + PLE_EMBED_DIM`
+// elements of `out_dtype`, aligned for it, and not accessed by anyone else during the call.
 ple_status ple_dequant_cpu(struct ple_handle *handle, uint64_t seq, void *out, ple_dtype out_dtype, size_t out_stride, ple_fuse_flags flags);
 
-/**
- * Computes the 16 row ids of every token of `batch` into `out_ids` (`[num_tokens * 16]`), with no
- * side effects: tracked history is read, not changed.
- *
- * # Safety
- * `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states; `out_ids` is NULL or
- * writable for `num_tokens * 16` ids.
- */
+// Computes the 16 row ids of every token of `batch` into `out_ids` (`[num_tokens * 16]`), with no
+// side effects: tracked history is read, not changed.
+//
+// # Safety
+// `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states; `out_ids` is NULL or
+// writable for `num_tokens * 16` ids.
 ple_status ple_ngram_ids(const struct ple_handle *handle, const struct ple_batch *batch, int64_t *out_ids);
 
-/**
- * Forgets a request's tracked history (tracked mode). Unknown ids are not an error.
- *
- * # Safety
- * Safe for any argument values (the handle is looked up, never dereferenced).
- */
+// Forgets a request's tracked history (tracked mode). Unknown ids are not an error.
+//
+// # Safety
+// Safe for any argument values (the handle is looked up, never dereferenced).
 ple_status ple_release_request(struct ple_handle *handle, uint64_t request_id);
 
-/**
- * Submits one engine step in per-token form (`ple_token_batch`: tokens in any order, each with
- * its request id and position). As `ple_submit` of the same tokens grouped by request; the
- * step's rows come in the caller's token order. Callers of `ple_submit` are unaffected.
- *
- * # Safety
- * `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
- * it states.
- */
+// Submits one engine step in per-token form (`ple_token_batch`: tokens in any order, each with
+// its request id and position). As `ple_submit` of the same tokens grouped by request; the
+// step's rows come in the caller's token order. Callers of `ple_submit` are unaffected.
+//
+// # Safety
+// `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
+// it states.
 ple_status ple_submit_tokens(struct ple_handle *handle, const struct ple_token_batch *batch, uint64_t seq);
 
-/**
- * `ple_ngram_ids` for a per-token batch: the 16 row ids of every token into `out_ids`
- * (`[num_tokens * 16]`) in the caller's token order, with no side effects.
- *
- * # Safety
- * `batch` as in `ple_submit_tokens`; `out_ids` is NULL or holds `num_tokens * 16` writable ids.
- */
+// `ple_ngram_ids` for a per-token batch: the 16 row ids of every token into `out_ids`
+// (`[num_tokens * 16]`) in the caller's token order, with no side effects.
+//
+// # Safety
+// `batch` as in `ple_submit_tokens`; `out_ids` is NULL or holds `num_tokens * 16` writable ids.
 ple_status ple_ngram_ids_tokens(const struct ple_handle *handle, const struct ple_token_batch *batch, int64_t *out_ids);
 
-/**
- * Read-ahead: hashes `batch` as `ple_submit` would (stateless context, or tracked history as it
- * stands plus the batch's own earlier tokens) and queues its rows for a background reader, then
- * returns at once. No history changes, no ring slot is taken, no seq is used; the batch may be
- * longer than `max_tokens_per_step` (a whole prompt at request admission, or the drafts of the
- * next verify step). The reader fills the row cache (DIRECT, or MMAP with a cache) or the page
- * cache (MMAP without one) and yields to submitted steps between batches of 64 rows. Rows are
- * never wrong either way: a step reads what the cache lacks. Beyond `options.ahead_max_rows`
- * queued rows the oldest are dropped. Counted in `ple_counters.ahead_*`.
- *
- * # Safety
- * `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states (read only during
- * the call).
- */
+// Read-ahead: hashes `batch` as `ple_submit` would (stateless context, or tracked history as it
+// stands plus the batch's own earlier tokens) and queues its rows for a background reader, then
+// returns at once. No history changes, no ring slot is taken, no seq is used; the batch may be
+// longer than `max_tokens_per_step` (a whole prompt at request admission, or the drafts of the
+// next verify step). The reader fills the row cache (DIRECT, or MMAP with a cache) or the page
+// cache (MMAP without one) and gives way to submitted steps (how: docs/ARCHITECTURE.md,
+// "Read-ahead"). Rows are never wrong either way: a step reads what the cache lacks. Beyond
+// `options.ahead_max_rows` queued rows the oldest are dropped. Counted in `ple_counters.ahead_*`.
+//
+// # Safety
+// `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states (read only during
+// the call).
 ple_status ple_prefetch_ahead(struct ple_handle *handle, const struct ple_batch *batch);
 
-/**
- * `ple_prefetch_ahead` of a per-token batch (`ple_token_batch`, as `ple_submit_tokens` takes).
- *
- * # Safety
- * `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
- * it states.
- */
+// `ple_prefetch_ahead` of a per-token batch (`ple_token_batch`, as `ple_submit_tokens` takes).
+//
+// # Safety
+// `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
+// it states.
 ple_status ple_prefetch_ahead_tokens(struct ple_handle *handle, const struct ple_token_batch *batch);
 
 /* ==============================================================================================
  * GPU: fused dequant, CUDA Graph mode, device errors
  * ============================================================================================== */
 
-/**
- * Dequantises step `seq`'s rows into the engine's device buffer `out` (a `CUdeviceptr`) with one
- * kernel enqueued on the engine's `cuda_stream` (a `CUstream`/`cudaStream_t`; libple only
- * enqueues on it). The step is ordered before the kernel by the handle's wait mode. Layout, dtype,
- * stride and flags as in `ple_dequant_cpu`. Needs a handle opened with `cuda_device >= 0`.
- * `out` must be device memory of the handle's device, aligned to its dtype, holding the step's
- * tokens: a `cuMemAlloc` allocation must contain them; memory mapped with the VMM API
- * (`cuMemMap`: PyTorch expandable segments, vLLM) is accepted when the last byte the step writes
- * is mapped device memory. In device-wait modes the kernel reads the step's rows from libple's
- * pinned host staging (zero-copy over PCIe): no stream of libple's takes part, so work the engine
- * queues after this call cannot delay the step. A step that cannot be consumed (it failed on
- * the host, its wait timed out, the handle closed) is never silent: its kernel fills the output
- * tokens with NaN and raises a device error (`ple_check_device`); `ple_wait(seq)` returns a
- * host failure. Refused while `cuda_stream` is being captured (use `ple_dequant_fuse_graph`).
- *
- * # Safety
- * `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL for the legacy
- * default stream), and `out` a device allocation of that context holding the step's output;
- * libple only enqueues work on them.
- */
+// Dequantises step `seq`'s rows into the engine's device buffer `out` (a `CUdeviceptr`) with one
+// kernel enqueued on the engine's `cuda_stream` (a `CUstream`/`cudaStream_t`; libple only
+// enqueues on it). The step is ordered before the kernel by the handle's wait mode. Layout, dtype,
+// stride and flags as in `ple_dequant_cpu`. Needs a handle opened with `cuda_device >= 0`.
+// `out` must be device memory of the handle's device, aligned to its dtype, holding the step's
+// tokens: a `cuMemAlloc` allocation must contain them; memory mapped with the VMM API
+// (`cuMemMap`: PyTorch expandable segments, vLLM) is accepted when the last byte the step writes
+// is mapped device memory. In device-wait modes no stream of libple's takes part, so work the
+// engine queues after this call cannot delay the step (where the kernel reads the rows from:
+// docs/GPU.md, "Zero-copy vs copy"). A step that cannot be consumed (it failed on
+// the host, its wait timed out, the handle closed) is never silent: its kernel fills the output
+// tokens with NaN and raises a device error (`ple_check_device`); `ple_wait(seq)` returns a
+// host failure. Refused while `cuda_stream` is being captured (use `ple_dequant_fuse_graph`).
+//
+// # Safety
+// `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL for the legacy
+// default stream), and `out` a device allocation of that context holding the step's output;
+// libple only enqueues work on them.
 ple_status ple_dequant_fuse(struct ple_handle *handle, void *cuda_stream, uint64_t seq, void *out, ple_dtype out_dtype, size_t out_stride, ple_fuse_flags flags);
 
-/**
- * CUDA Graph mode, step 1. Enqueues on `cuda_stream` (the engine's `CUstream`) "the next graph
- * replay consumes step `base_seq`". Then capture `ple_dequant_fuse_graph` once and replay it
- * once per step: replay k consumes step `base_seq + k`, so submit steps `base_seq`,
- * `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (the worker
- * reuses a ring slot only after a replay consumed its previous step). Call it on the stream
- * outside capture (while `cuda_stream` is capturing it returns `PLE_E_INVALID_ARGUMENT`: a
- * captured prepare would reset the step counter on every replay), when no replay is in flight,
- * and again with the next step after a device error: ready steps replays already consumed are
- * then released first, and `base_seq` must come after the last step a replay consumed.
- * Needs `cuda_device >= 0`.
- *
- * # Safety
- * `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL).
- */
+// CUDA Graph mode, step 1. Enqueues on `cuda_stream` (the engine's `CUstream`) "the next graph
+// replay consumes step `base_seq`". Then capture `ple_dequant_fuse_graph` once and replay it
+// once per step: replay k consumes step `base_seq + k`, so submit steps `base_seq`,
+// `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (a ring
+// slot is reused only after a replay consumed its step). Call it on the stream
+// outside capture (while `cuda_stream` is capturing it returns `PLE_E_INVALID_ARGUMENT`: a
+// captured prepare would reset the step counter on every replay), when no replay is in flight,
+// and again with the next step after a device error: ready steps replays already consumed are
+// then released first, and `base_seq` must come after the last step a replay consumed.
+// Needs `cuda_device >= 0`.
+//
+// # Safety
+// `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL).
 ple_status ple_graph_prepare(struct ple_handle *handle, void *cuda_stream, uint64_t base_seq);
 
-/**
- * CUDA Graph mode, step 2: enqueues on `cuda_stream` a device wait for the current graph step
- * (a spin kernel with the handle's timeout, whatever `wait_mode` is), its dequantisation into
- * `out` (a `CUdeviceptr` holding `capacity_tokens` tokens at `out_stride` elements of `out_dtype`)
- * and the advance to the next step, with no step number baked in: capture this call into a CUDA
- * graph once, after `ple_graph_prepare`. A step with more than `capacity_tokens` tokens is not
- * written: its tokens up to the capacity are filled with NaN and a device error is raised
- * (`ple_check_device`). `flags` as in `ple_dequant_fuse`. The graph holds libple's addresses:
- * stop replaying, synchronise the stream and destroy the graph before `ple_close` (close waits
- * for a replay that has started, not for one still queued).
- *
- * # Safety
- * `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL), and `out` a
- * device allocation of that context holding `capacity_tokens` tokens of output for as long as
- * the captured graph is replayed.
- */
+// CUDA Graph mode, step 2: enqueues on `cuda_stream` a device wait for the current graph step
+// (a spin kernel with the handle's timeout, whatever `wait_mode` is), its dequantisation into
+// `out` (a `CUdeviceptr` holding `capacity_tokens` tokens at `out_stride` elements of `out_dtype`)
+// and the advance to the next step, with no step number baked in: capture this call into a CUDA
+// graph once, after `ple_graph_prepare`. A step with more than `capacity_tokens` tokens is not
+// written: its tokens up to the capacity are filled with NaN and a device error is raised
+// (`ple_check_device`). `flags` as in `ple_dequant_fuse`. The graph holds libple's addresses:
+// stop replaying, synchronise the stream and destroy the graph before `ple_close` (close waits
+// for a replay that has started, not for one still queued).
+//
+// # Safety
+// `cuda_stream` is a live `CUstream` of the handle's device's context (or NULL), and `out` a
+// device allocation of that context holding `capacity_tokens` tokens of output for as long as
+// the captured graph is replayed.
 ple_status ple_dequant_fuse_graph(struct ple_handle *handle, void *cuda_stream, uint32_t capacity_tokens, void *out, ple_dtype out_dtype, size_t out_stride, ple_fuse_flags flags);
 
-/**
- * Reports (and clears) the first error the handle's kernels raised on the device since the last
- * call: a device wait that timed out (`PLE_E_TIMEOUT`), a step that failed on the host, a graph
- * step larger than the captured capacity, a ring slot holding another step, a wait cut short by
- * `ple_close` (`PLE_E_STATE`). The affected kernels filled their output tokens with NaN (the
- * canonical quiet NaN of the dtype). `PLE_OK` when there was none. Synchronise the stream first
- * to see a kernel's error. Later errors while one is pending are not recorded (each launch still
- * fills NaN). `ple_dequant_fuse*` also return a pending device error instead of enqueueing.
- *
- * # Safety
- * Safe for any argument values (the handle is looked up, never dereferenced).
- */
+// Reports (and clears) the first error the handle's kernels raised on the device since the last
+// call: a device wait that timed out (`PLE_E_TIMEOUT`), a step that failed on the host, a graph
+// step larger than the captured capacity, a ring slot holding another step, a wait cut short by
+// `ple_close` (`PLE_E_STATE`). The affected kernels filled their output tokens with NaN (the
+// canonical quiet NaN of the dtype). `PLE_OK` when there was none. Synchronise the stream first
+// to see a kernel's error. Later errors while one is pending are not recorded (each launch still
+// fills NaN). `ple_dequant_fuse*` also return a pending device error instead of enqueueing.
+//
+// # Safety
+// Safe for any argument values (the handle is looked up, never dereferenced).
 ple_status ple_check_device(struct ple_handle *handle);
 
 /* ==============================================================================================
  * Packing a checkpoint into a table
  * ============================================================================================== */
 
-/**
- * Fills `options` with the packing defaults.
- *
- * # Safety
- * `options` is NULL or points to writable memory for one `ple_pack_options`.
- */
+// Fills `options` with the packing defaults.
+//
+// # Safety
+// `options` is NULL or points to writable memory for one `ple_pack_options`.
 ple_status ple_pack_options_default(struct ple_pack_options *options);
 
-/**
- * Packs the checkpoint in `checkpoint_dir` into a table in `out_dir` (created if needed), streaming
- * shard by shard, writing to a temporary name and renaming into place, metadata last. An identical
- * existing table is reused; one from another checkpoint is refused unless `options->force`.
- * `progress` (may be NULL) is called from the calling thread, between writes, while libple holds
- * no lock: it may call any libple function.
- *
- * # Safety
- * `checkpoint_dir` and `out_dir` are NULL or NUL-terminated strings; `options` is NULL or an
- * initialised `ple_pack_options`; `progress`, if not NULL, may be called with `user_data`.
- */
+// Packs the checkpoint in `checkpoint_dir` into a table in `out_dir` (created if needed), blocking
+// until it is written and synced. An identical existing table is reused; one from another
+// checkpoint is refused unless `options->force`. Crash-safe: an interrupted pack never leaves a
+// table that opens, and handles open on a table it replaces keep reading the old rows (how:
+// docs/FORMAT.md, "The packed table"). Another pack writing into `out_dir` at the same time is
+// refused with `PLE_E_STATE`. `progress` (may be NULL) is called from the calling thread, between
+// writes, while libple holds no lock: it may call any libple function.
+//
+// # Safety
+// `checkpoint_dir` and `out_dir` are NULL or NUL-terminated strings; `options` is NULL or an
+// initialised `ple_pack_options`; `progress`, if not NULL, may be called with `user_data`.
 ple_status ple_pack(const char *checkpoint_dir, const char *out_dir, const struct ple_pack_options *options, ple_progress_fn progress, void *user_data);
 
 #ifdef __cplusplus

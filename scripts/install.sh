@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds libple (release) and installs it into a prefix:
 #   scripts/install.sh /opt/ple
-# installs lib/libple.so.X.Y.Z with its SONAME and dev symlinks, include/ple.h, bin/ple,
-# lib/cmake/ple/pleConfig{,Version}.cmake (imported target ple::ple) and lib/pkgconfig/ple.pc.
+# installs lib/libple.so.X.Y.Z with its SONAME and dev symlinks, include/ple.h and include/ple-cpp.h
+# (the header-only C++ layer), bin/ple, lib/cmake/ple/pleConfig{,Version}.cmake (imported target
+# ple::ple) and lib/pkgconfig/ple.pc.
 # Everything is relocatable: move the prefix anywhere. Set PLE_NO_BUILD=1 to install what
 # target/release already holds.
 set -euo pipefail
@@ -25,6 +26,7 @@ install -m 0755 "$lib" "$prefix/lib/libple.so.$version"
 ln -sfn "libple.so.$version" "$prefix/lib/$soname"
 ln -sfn "$soname" "$prefix/lib/libple.so"
 install -m 0644 include/ple.h "$prefix/include/ple.h"
+install -m 0644 include/ple-cpp.h "$prefix/include/ple-cpp.h"
 install -m 0755 target/release/ple "$prefix/bin/ple"
 subst() {
   sed -e "s|@PLE_VERSION@|$version|g" -e "s|@PLE_VERSION_MAJOR@|$major|g" \

@@ -94,12 +94,9 @@ fn with_banners(text: &str) -> String {
             .iter()
             .position(|l| l.starts_with(anchor))
             .unwrap_or_else(|| panic!("header banner anchor {anchor:?} not found"));
-        // back over the item's doc comment (`/** ... */`)
+        // back over the item's doc comment (`// ...` lines: cbindgen's c99 style)
         let mut start = at;
-        if start > 0 && lines[start - 1].trim_start().starts_with("*/") {
-            while start > 0 && !lines[start - 1].trim_start().starts_with("/**") {
-                start -= 1;
-            }
+        while start > 0 && lines[start - 1].starts_with("//") {
             start -= 1;
         }
         let rule = "/* ".to_owned() + &"=".repeat(94);

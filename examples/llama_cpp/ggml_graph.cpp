@@ -11,37 +11,27 @@
 #include <ggml-cpu.h>
 #include <ggml.h>
 #include <llama.h>
-#include <ple.h>
+#include <ple-cpp.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <vector>
-
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        ple_status s_ = (call);                                                                    \
-        if (s_ != PLE_OK) {                                                                        \
-            std::fprintf(stderr, "%s failed: %s: %s\n", #call, ple_status_name(s_),               \
-                         ple_last_error_message());                                                \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
 
 static const llama_token EOS = 248044;
 static const int DIM = PLE_EMBED_DIM;
 static const int N_VOCAB = 64;  // the stand-in token embedding's rows (token id % 64)
 
-int main(int argc, char **argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: %s TABLE_DIR\n", argv[0]);
-        return 2;
-    }
-    ple_options o;
-    TRY(ple_options_default(&o));
+struct ggml_context_deleter {
+    void operator()(ggml_context *c) const noexcept { ggml_free(c); }
+};
+
+static int run(const char *table_dir) {
+    ple_options o = ple::default_options();
     o.max_tokens_per_step = 64;
-    ple_handle *h = nullptr;
-    TRY(ple_open(argv[1], &o, &h));
+    ple_handle_ptr handle = ple::open(table_dir, &o);  // closed when run returns or throws
+    ple_handle *h = handle.get();
 
     // a prompt step for two sequences, added interleaved (as a scheduler filling slots would)
     Batch batch(16, 1);
@@ -56,7 +46,8 @@ int main(int argc, char **argv) {
     ple_token_batch tb{sizeof(ple_token_batch), lb.token, lb.pos, req.data(), (uint32_t)n, nullptr};
 
     ggml_init_params ip{(size_t)64 << 20, nullptr, false};
-    ggml_context *ctx = ggml_init(ip);
+    std::unique_ptr<ggml_context, ggml_context_deleter> ctx_owner(ggml_init(ip));  // freed on return or throw
+    ggml_context *ctx = ctx_owner.get();
     ggml_tensor *tok_embd = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, DIM, N_VOCAB);
     ggml_tensor *inp_tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
     ggml_tensor *ple = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, DIM, n);
@@ -67,8 +58,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) ((int32_t *)inp_tokens->data)[i] = lb.token[i] % N_VOCAB;
 
     // the PLE rows of the batch, in the batch's token order, straight into the ggml tensor
-    TRY(ple_submit_tokens(h, &tb, 1));
-    TRY(ple_dequant_cpu(h, 1, ple->data, PLE_DTYPE_F32, ple->nb[1] / sizeof(float), 0));
+    ple::check(ple_submit_tokens(h, &tb, 1));
+    ple::check(ple_dequant_cpu(h, 1, ple->data, PLE_DTYPE_F32, ple->nb[1] / sizeof(float), 0));
 
     ggml_tensor *inpL = ggml_add(ctx, ggml_get_rows(ctx, tok_embd, inp_tokens), ple);
     ggml_cgraph *gf = ggml_new_graph(ctx);
@@ -89,8 +80,8 @@ int main(int argc, char **argv) {
     uint32_t qs[3] = {0, 5, (uint32_t)n};
     ple_batch ob{tok.data(), pos.data(), (uint32_t)n, ids, qs, 2, nullptr};
     std::vector<float> rows((size_t)n * DIM);
-    TRY(ple_submit(h, &ob, 2));
-    TRY(ple_dequant_cpu(h, 2, rows.data(), PLE_DTYPE_F32, DIM, 0));
+    ple::check(ple_submit(h, &ob, 2));
+    ple::check(ple_dequant_cpu(h, 2, rows.data(), PLE_DTYPE_F32, DIM, 0));
     size_t bad = 0;
     const float *out = (const float *)inpL->data;
     for (int g = 0; g < n; g++) {
@@ -100,12 +91,23 @@ int main(int argc, char **argv) {
     }
     double norm = 0;
     for (int j = 0; j < n * DIM; j++) norm += (double)((float *)ple->data)[j] * ((float *)ple->data)[j];
-    ggml_free(ctx);
-    ple_close(h);
     if (bad || norm == 0) {
         std::fprintf(stderr, "ggml graph: %zu of %d elements differ (|ple|^2 = %g)\n", bad, n * DIM, norm);
         return 1;
     }
     std::printf("ggml graph: %d tokens, inpL = get_rows(tok_embd) + ple (|ple|^2 = %.3f) matches\n", n, norm);
     return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s TABLE_DIR\n", argv[0]);
+        return 2;
+    }
+    try {
+        return run(argv[1]);
+    } catch (const ple::error &e) {
+        std::fprintf(stderr, "libple: %s\n", e.what());
+        return 1;
+    }
 }

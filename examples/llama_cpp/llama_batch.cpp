@@ -19,7 +19,7 @@
 // Exits non-zero on any mismatch or error.
 #include "batch_alloc.h"
 #include <llama.h>
-#include <ple.h>
+#include <ple-cpp.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -27,16 +27,6 @@
 #include <cstring>
 #include <map>
 #include <vector>
-
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        ple_status s_ = (call);                                                                    \
-        if (s_ != PLE_OK) {                                                                        \
-            std::fprintf(stderr, "%s failed: %s: %s\n", #call, ple_status_name(s_),               \
-                         ple_last_error_message());                                                \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
 
 static void expect(bool ok, const char *what, int step) {
     if (!ok) {
@@ -141,14 +131,11 @@ static void to_offsets(const llama_batch &lb, const History &h, Offsets &o) {
                     (uint32_t)o.ids.size(), o.ctx.data()};
 }
 
-static ple_handle *open(const char *dir) {
-    ple_options o;
-    TRY(ple_options_default(&o));
+static ple_handle_ptr open_handle(const char *dir) {
+    ple_options o = ple::default_options();
     o.max_tokens_per_step = 64;
     o.num_threads = 2;
-    ple_handle *h = nullptr;
-    TRY(ple_open(dir, &o, &h));
-    return h;
+    return ple::open(dir, &o);
 }
 
 static void check_step(ple_handle *ht, ple_handle *ho, const llama_batch &lb, History &hist, int step) {
@@ -158,31 +145,28 @@ static void check_step(ple_handle *ht, ple_handle *ho, const llama_batch &lb, Hi
     to_offsets(lb, hist, of);
     size_t n = (size_t)lb.n_tokens, H = PLE_NUM_HEADS;
     std::vector<int64_t> it(n * H), io(n * H);
-    TRY(ple_ngram_ids_tokens(ht, &pt.tb, it.data()));
-    TRY(ple_ngram_ids(ho, &of.b, io.data()));
+    ple::check(ple_ngram_ids_tokens(ht, &pt.tb, it.data()));
+    ple::check(ple_ngram_ids(ho, &of.b, io.data()));
     for (size_t g = 0; g < n; g++)
         expect(!std::memcmp(&it[of.perm[g] * H], &io[g * H], H * 8), "ids differ from the offsets form", step);
 
     uint64_t seq = (uint64_t)step;
-    TRY(ple_submit_tokens(ht, &pt.tb, seq));
-    TRY(ple_submit(ho, &of.b, seq));
+    ple::check(ple_submit_tokens(ht, &pt.tb, seq));
+    ple::check(ple_submit(ho, &of.b, seq));
     const uint8_t *rt, *ro;
     uint32_t nt, no;
-    TRY(ple_packed_rows(ht, seq, &rt, &nt));
-    TRY(ple_packed_rows(ho, seq, &ro, &no));
+    ple::check(ple_packed_rows(ht, seq, &rt, &nt));
+    ple::check(ple_packed_rows(ho, seq, &ro, &no));
     expect(nt == n && no == n, "row counts", step);
-    ple_info info;
-    info.struct_size = sizeof info;
-    TRY(ple_table_info(ht, &info));
-    size_t tb = H * info.row_bytes;
+    size_t tb = H * ple::table_info(ht).row_bytes;
     for (size_t g = 0; g < n; g++)
         expect(!std::memcmp(rt + of.perm[g] * tb, ro + g * tb, tb), "packed rows out of order", step);
 
     // the PLE addend of each batch token, in the batch's order (what the fork adds to the token
     // embedding of row i of its graph input)
     std::vector<float> et(n * DIM), eo(n * DIM);
-    TRY(ple_dequant_cpu(ht, seq, et.data(), PLE_DTYPE_F32, DIM, 0));
-    TRY(ple_dequant_cpu(ho, seq, eo.data(), PLE_DTYPE_F32, DIM, 0));
+    ple::check(ple_dequant_cpu(ht, seq, et.data(), PLE_DTYPE_F32, DIM, 0));
+    ple::check(ple_dequant_cpu(ho, seq, eo.data(), PLE_DTYPE_F32, DIM, 0));
     for (size_t g = 0; g < n; g++)
         expect(!std::memcmp(&et[of.perm[g] * DIM], &eo[g * DIM], DIM * 4), "embeddings out of order", step);
 
@@ -193,12 +177,9 @@ static void check_step(ple_handle *ht, ple_handle *ho, const llama_batch &lb, Hi
     record(lb, hist);
 }
 
-int main(int argc, char **argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: %s TABLE_DIR\n", argv[0]);
-        return 2;
-    }
-    ple_handle *ht = open(argv[1]), *ho = open(argv[1]);
+static void run(const char *table_dir) {
+    ple_handle_ptr t_handle = open_handle(table_dir), o_handle = open_handle(table_dir);
+    ple_handle *ht = t_handle.get(), *ho = o_handle.get();
     History hist;
     Batch batch(64, 4);
     llama_batch &lb = batch.b;
@@ -215,9 +196,9 @@ int main(int argc, char **argv) {
         int32_t ctx[4] = {EOS, EOS, EOS, EOS};
         ple_token_batch as1{sizeof(ple_token_batch), t, pos, req1, 6, ctx};
         std::vector<int64_t> a(6 * 16), b(6 * 16);
-        TRY(ple_ngram_ids_tokens(ht, &as1, a.data()));
+        ple::check(ple_ngram_ids_tokens(ht, &as1, a.data()));
         for (int i = 0; i < 6; i++) req1[i] = 0;
-        TRY(ple_ngram_ids_tokens(ht, &as1, b.data()));
+        ple::check(ple_ngram_ids_tokens(ht, &as1, b.data()));
         expect(a == b, "a shared token's ids depend on the sequence named", 1);
     }
 
@@ -255,8 +236,19 @@ int main(int argc, char **argv) {
     expect(ple_submit_tokens(ht, &bad.tb, 5) == PLE_E_INVALID_ARGUMENT, "duplicate position accepted", 5);
     std::printf("refused as expected: %s\n", ple_last_error_message());
 
-    ple_close(ht);
-    ple_close(ho);
     std::printf("llama_batch example: per-token rows identical to the offsets form\n");
+}  // the handles close here
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s TABLE_DIR\n", argv[0]);
+        return 2;
+    }
+    try {
+        run(argv[1]);
+    } catch (const ple::error &e) {
+        std::fprintf(stderr, "libple: %s\n", e.what());
+        return 1;
+    }
     return 0;
 }

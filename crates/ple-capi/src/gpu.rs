@@ -13,9 +13,9 @@ use std::ffi::c_void;
 /// `out` must be device memory of the handle's device, aligned to its dtype, holding the step's
 /// tokens: a `cuMemAlloc` allocation must contain them; memory mapped with the VMM API
 /// (`cuMemMap`: PyTorch expandable segments, vLLM) is accepted when the last byte the step writes
-/// is mapped device memory. In device-wait modes the kernel reads the step's rows from libple's
-/// pinned host staging (zero-copy over PCIe): no stream of libple's takes part, so work the engine
-/// queues after this call cannot delay the step. A step that cannot be consumed (it failed on
+/// is mapped device memory. In device-wait modes no stream of libple's takes part, so work the
+/// engine queues after this call cannot delay the step (where the kernel reads the rows from:
+/// docs/GPU.md, "Zero-copy vs copy"). A step that cannot be consumed (it failed on
 /// the host, its wait timed out, the handle closed) is never silent: its kernel fills the output
 /// tokens with NaN and raises a device error (`ple_check_device`); `ple_wait(seq)` returns a
 /// host failure. Refused while `cuda_stream` is being captured (use `ple_dequant_fuse_graph`).
@@ -45,8 +45,8 @@ pub unsafe extern "C" fn ple_dequant_fuse(
 /// CUDA Graph mode, step 1. Enqueues on `cuda_stream` (the engine's `CUstream`) "the next graph
 /// replay consumes step `base_seq`". Then capture `ple_dequant_fuse_graph` once and replay it
 /// once per step: replay k consumes step `base_seq + k`, so submit steps `base_seq`,
-/// `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (the worker
-/// reuses a ring slot only after a replay consumed its previous step). Call it on the stream
+/// `base_seq + 1`, ... in order, and consume every one of them by exactly one replay (a ring
+/// slot is reused only after a replay consumed its step). Call it on the stream
 /// outside capture (while `cuda_stream` is capturing it returns `PLE_E_INVALID_ARGUMENT`: a
 /// captured prepare would reset the step counter on every replay), when no replay is in flight,
 /// and again with the next step after a device error: ready steps replays already consumed are

@@ -76,9 +76,10 @@ pub unsafe extern "C" fn ple_options_default(options: *mut ple_options) -> ple_s
     })
 }
 
-/// Opens the packed table in directory `table_dir` (read-only mmap, MADV_RANDOM), validates it,
-/// and starts its step pipeline. `options` may be NULL for the defaults. On success `*out_handle`
-/// owns the handle (free it with `ple_close`); on failure it is set to NULL.
+/// Opens the packed table in directory `table_dir` read-only, validates it, and starts its step
+/// pipeline (how each `io_mode` reads: docs/ARCHITECTURE.md). Blocks until the handle is ready.
+/// `options` may be NULL for the defaults. On success `*out_handle` owns the handle (free it with
+/// `ple_close`); on failure it is set to NULL.
 ///
 /// Before anything is allocated, the staging the options ask for (`max_in_flight ×
 /// max_tokens_per_step × 16 × row_bytes` bytes) is compared with the memory the machine can give
@@ -126,11 +127,11 @@ pub unsafe extern "C" fn ple_open(
     })
 }
 
-/// Closes a handle: marks it closing, wakes every call blocked on it, waits until those calls
-/// have returned, then stops its worker after the step in flight, unmaps the table and frees
-/// everything. A worker that does not stop within 30 ms (a read stalled on the device) is handed
-/// to a detached reaper thread, which joins it and frees the handle once the kernel completes the
-/// read: `ple_close` is bounded whatever the storage does (`ple_counters.abandoned_handles`).
+/// Closes a handle and frees everything it holds. It wakes every call blocked on the handle and
+/// returns once those calls have returned and the step in flight has stopped, and within a bound
+/// whatever the storage does: a handle whose read the device stalls is freed in the background
+/// when that read completes (`ple_counters.abandoned_handles`; the bound and how it is kept:
+/// docs/RELIABILITY.md, "C API and pipeline").
 ///
 /// Calls on the handle from other threads that are blocked (`ple_wait`, `ple_submit` on a full
 /// ring, the wait inside `ple_dequant_*`, `ple_packed_rows` and `ple_release_step`) return
@@ -193,9 +194,10 @@ pub unsafe extern "C" fn ple_table_info(
 }
 
 /// Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
-/// Residency and MemAvailable are measured at the call: one mincore over the whole table, about
-/// 0.15 s per 4 GiB of table (it grows with the table's size) — poll it
-/// now and then, not every step (the other counters cost nothing to keep).
+/// May run concurrently with any call. Residency and MemAvailable are measured at the call, which
+/// therefore blocks for a time that grows with the table's size (tenths of a second for a few GiB:
+/// README, "Limitations"): poll it now and then, not every step. The other counters cost nothing
+/// to keep.
 ///
 /// # Safety
 /// `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.

@@ -18,11 +18,13 @@ pub unsafe extern "C" fn ple_pack_options_default(options: *mut ple_pack_options
     })
 }
 
-/// Packs the checkpoint in `checkpoint_dir` into a table in `out_dir` (created if needed), streaming
-/// shard by shard, writing to a temporary name and renaming into place, metadata last. An identical
-/// existing table is reused; one from another checkpoint is refused unless `options->force`.
-/// `progress` (may be NULL) is called from the calling thread, between writes, while libple holds
-/// no lock: it may call any libple function.
+/// Packs the checkpoint in `checkpoint_dir` into a table in `out_dir` (created if needed), blocking
+/// until it is written and synced. An identical existing table is reused; one from another
+/// checkpoint is refused unless `options->force`. Crash-safe: an interrupted pack never leaves a
+/// table that opens, and handles open on a table it replaces keep reading the old rows (how:
+/// docs/FORMAT.md, "The packed table"). Another pack writing into `out_dir` at the same time is
+/// refused with `PLE_E_STATE`. `progress` (may be NULL) is called from the calling thread, between
+/// writes, while libple holds no lock: it may call any libple function.
 ///
 /// # Safety
 /// `checkpoint_dir` and `out_dir` are NULL or NUL-terminated strings; `options` is NULL or an

@@ -50,9 +50,10 @@ pub(crate) unsafe fn batch_arg<'a>(
 }
 
 /// Submits one engine step. Validates the batch (errors are returned here, nothing is guessed),
-/// copies it, updates tracked request history, and returns; a worker then hashes, prefetches,
-/// gathers and publishes `done = seq`. `seq` must be greater than every earlier `seq` of this
-/// handle (0 is not a valid seq).
+/// copies it (the caller's arrays are free again when the call returns), updates tracked request
+/// history, and returns without waiting for the rows, which are read in the background (the
+/// pipeline: docs/ARCHITECTURE.md); `ple_wait(seq)` tells when they are ready. `seq` must be
+/// greater than every earlier `seq` of this handle (0 is not a valid seq).
 ///
 /// With every ring slot holding a step not yet consumed, `PLE_RING_WAIT` blocks up to the
 /// handle's `wait_timeout_us` (then `PLE_E_TIMEOUT`) and `PLE_RING_ERROR` fails at once with
@@ -321,9 +322,9 @@ pub unsafe extern "C" fn ple_ngram_ids_tokens(
 /// returns at once. No history changes, no ring slot is taken, no seq is used; the batch may be
 /// longer than `max_tokens_per_step` (a whole prompt at request admission, or the drafts of the
 /// next verify step). The reader fills the row cache (DIRECT, or MMAP with a cache) or the page
-/// cache (MMAP without one) and yields to submitted steps between batches of 64 rows. Rows are
-/// never wrong either way: a step reads what the cache lacks. Beyond `options.ahead_max_rows`
-/// queued rows the oldest are dropped. Counted in `ple_counters.ahead_*`.
+/// cache (MMAP without one) and gives way to submitted steps (how: docs/ARCHITECTURE.md,
+/// "Read-ahead"). Rows are never wrong either way: a step reads what the cache lacks. Beyond
+/// `options.ahead_max_rows` queued rows the oldest are dropped. Counted in `ple_counters.ahead_*`.
 ///
 /// # Safety
 /// `batch` is NULL or a `ple_batch` whose arrays hold the lengths it states (read only during

@@ -28,6 +28,7 @@
 //! - **residency / MemAvailable**: measured at the `ple_stats` call (mincore over the mapping,
 //!   /proc/meminfo).
 
+use crate::sys::parse_read_bytes;
 pub use crate::sys::{
     mem_available_bytes, mem_total_bytes, os_page_size, process_read_bytes, residency,
     thread_faults,
@@ -282,12 +283,6 @@ thread_local! {
     static THREAD_IO: RefCell<Option<Option<File>>> = const { RefCell::new(None) };
     /// `read_bytes` at this thread's last reading.
     static LAST_READ_BYTES: Cell<Option<u64>> = const { Cell::new(None) };
-}
-
-pub(crate) fn parse_read_bytes(text: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("read_bytes:"))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// `read_bytes` of the calling thread (`/proc/thread-self/io`), or None where unavailable.

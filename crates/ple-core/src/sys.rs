@@ -1,7 +1,8 @@
-//! Thin wrappers over the OS calls the engine and its benchmarks use (statx, statfs, fadvise,
-//! mincore, block-device attributes). Each returns a plain value or an `io::Error`.
+//! Thin wrappers over the OS calls the engine, the packer and the benchmarks use (statx, statfs,
+//! fadvise, sync_file_range, flock, fallocate, mincore, madvise, getrusage, block-device
+//! attributes, /proc). Each returns a plain value or an `io::Error`.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::Path;
 
 /// The file's direct-I/O alignment (`statx` `STATX_DIOALIGN`): (memory alignment, offset
@@ -91,6 +92,47 @@ pub fn fadvise(fd: RawFd, off: u64, len: u64, advice: libc::c_int) -> std::io::R
     Ok(())
 }
 
+/// `sync_file_range(fd, off, len, flags)`: starts (`SYNC_FILE_RANGE_WRITE`) or waits for
+/// (`SYNC_FILE_RANGE_WAIT_*`) write-back of bytes `off..off + len`. No durability promise: that
+/// is `fsync`'s.
+pub fn sync_file_range(
+    fd: BorrowedFd<'_>,
+    off: u64,
+    len: u64,
+    flags: libc::c_uint,
+) -> std::io::Result<()> {
+    // SAFETY: sync_file_range touches no memory of ours; `fd` is open for the whole call (a
+    // borrow), and bad ranges or flags are rejected by the kernel with an error.
+    let rc = unsafe { libc::sync_file_range(fd.as_raw_fd(), off_t(off), off_t(len), flags) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `flock(fd, LOCK_EX | LOCK_NB)`: an exclusive advisory lock on the open file description of
+/// `fd`, held until its last descriptor closes. `ErrorKind::WouldBlock` while another open file
+/// description holds it.
+pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    // SAFETY: flock takes a descriptor and flags and touches no memory; `fd` is open for the
+    // whole call (a borrow).
+    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fallocate(fd, 0, 0, len)`: allocates the first `len` bytes of the file (extending its size),
+/// so a later write there cannot fail for space. `EOPNOTSUPP` where the file system lacks it.
+pub fn fallocate(fd: BorrowedFd<'_>, len: u64) -> std::io::Result<()> {
+    // SAFETY: fallocate touches no memory of ours; `fd` is open for the whole call (a borrow),
+    // and a length beyond `off_t` is clamped by `off_t` (the kernel then refuses it).
+    if unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, off_t(len)) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Whether the OS page of `map` holding byte `at` is in the page cache (`mincore` of one page).
 /// `false` for an offset outside the mapping or a failed call.
 pub fn page_resident(map: &[u8], at: usize) -> bool {
@@ -134,7 +176,14 @@ pub fn process_cpu_ns() -> u64 {
 
 /// Process-wide `read_bytes` (`/proc/self/io`), for benchmarks.
 pub fn process_read_bytes() -> Option<u64> {
-    crate::stats::parse_read_bytes(&std::fs::read_to_string("/proc/self/io").ok()?)
+    parse_read_bytes(&std::fs::read_to_string("/proc/self/io").ok()?)
+}
+
+/// The `read_bytes:` field of a `/proc/<pid>/io` (or `/proc/thread-self/io`) text.
+pub(crate) fn parse_read_bytes(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// MemAvailable from /proc/meminfo, bytes (0 if unreadable).

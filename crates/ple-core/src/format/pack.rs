@@ -24,7 +24,7 @@ use crate::shard::Shard;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -103,16 +103,7 @@ fn fadvise(f: &File, off: u64, len: u64, advice: libc::c_int) {
 
 fn sync_range(f: &File, off: u64, len: u64, flags: libc::c_uint) {
     // Write-behind only; the final fsync is what guarantees durability.
-    // SAFETY: sync_file_range touches no memory of ours; `f` is an open descriptor borrowed for
-    // the call, and bad ranges or flags are rejected by the kernel with an error we ignore.
-    unsafe {
-        libc::sync_file_range(
-            f.as_raw_fd(),
-            crate::sys::off_t(off),
-            crate::sys::off_t(len),
-            flags,
-        );
-    }
+    let _ = crate::sys::sync_file_range(f.as_fd(), off, len, flags);
 }
 
 fn fsync_dir(dir: &File, path: &Path) -> Result<()> {
@@ -128,12 +119,10 @@ fn lock_dir(out: &Path) -> Result<File> {
     let d = File::open(out).map_err(|e| Error::io_path("opening directory", out, e))?;
     let t0 = std::time::Instant::now();
     loop {
-        // SAFETY: flock takes a descriptor and flags and touches no memory; `d` is open for
-        // the whole call and the lock lives as long as the returned `File`.
-        if unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        // the lock lives as long as the returned `File`
+        let Err(e) = crate::sys::try_lock_exclusive(d.as_fd()) else {
             return Ok(d);
-        }
-        let e = std::io::Error::last_os_error();
+        };
         if e.kind() != std::io::ErrorKind::WouldBlock {
             return Err(Error::io_path("locking directory", out, e));
         }
@@ -342,13 +331,10 @@ fn shard_meta(whole: TableMeta, s: Shard) -> Result<TableMeta> {
 /// Reserves `total` bytes for `f` (`fallocate`), so a full disk fails before any write.
 /// Filesystems without `fallocate` are written without reserving.
 fn reserve(f: &File, total: u64, tmp: &Path) -> Result<()> {
-    // SAFETY: fallocate touches no memory of ours; `f` is the open temporary file, and
-    // `total` ≤ MAX_FILE_BYTES (validated metadata) fits off_t.
-    let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, crate::sys::off_t(total)) };
-    if r == 0 {
+    // `total` ≤ MAX_FILE_BYTES (validated metadata) fits off_t
+    let Err(e) = crate::sys::fallocate(f.as_fd(), total) else {
         return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
+    };
     match e.raw_os_error() {
         Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(()),
         _ => Err(Error::io(
