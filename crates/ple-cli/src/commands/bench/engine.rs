@@ -9,13 +9,51 @@
 //! before it), the TTFT, the decode steps' wait, and the p99 of a cached step submitted while
 //! read-ahead runs against the same step idle.
 
+use super::BenchArgs;
 use super::steps::{Shape, Step, make_steps};
-use crate::cli::BenchArgs;
+use clap::Args;
 use ple_core::error::Result;
 use ple_core::step::{IoMode, OpenOptions, Pipeline};
 use ple_testkit::corpus::Corpus;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
+
+/// Options of `ple bench <table_dir> --engine`.
+#[derive(Args, Debug)]
+#[command(next_help_heading = "Engine loop (--engine)")]
+pub struct EngineArgs {
+    /// Run the engine loop with read-ahead off/on instead of the step shapes.
+    #[arg(long)]
+    pub engine: bool,
+    /// --engine: tokens per prompt, per prefill chunk; pairs of off/on runs.
+    #[arg(long, default_value_t = 16384)]
+    pub engine_prompt_tokens: usize,
+    #[arg(long, default_value_t = 2048)]
+    pub chunk_tokens: usize,
+    #[arg(long, default_value_t = 2)]
+    pub pairs: usize,
+    /// --engine: compute before and after PLE per prefill chunk and per decode step (ms).
+    #[arg(long, default_value_t = 2.0)]
+    pub prefill_before_ms: f64,
+    #[arg(long, default_value_t = 600.0)]
+    pub prefill_after_ms: f64,
+    #[arg(long, default_value_t = 2.0)]
+    pub decode_before_ms: f64,
+    #[arg(long, default_value_t = 20.0)]
+    pub decode_after_ms: f64,
+    /// --engine: decode steps, requests per step, drafts per request.
+    #[arg(long, default_value_t = 32)]
+    pub decode_steps: usize,
+    #[arg(long, default_value_t = 8)]
+    pub decode_requests: usize,
+    #[arg(long, default_value_t = 4)]
+    pub drafts: usize,
+    /// --engine: row cache of the DIRECT handles (MiB); steps timed for the p99 check.
+    #[arg(long, default_value_t = 256)]
+    pub engine_cache_mib: u64,
+    #[arg(long, default_value_t = 400)]
+    pub p99_steps: usize,
+}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -25,11 +63,11 @@ fn open(a: &BenchArgs) -> Result<Pipeline> {
     let o = OpenOptions {
         num_threads: a.threads,
         io_mode: IoMode::Direct,
-        cache_bytes: a.engine_cache_mib << 20,
-        max_tokens_per_step: a.chunk_tokens as u32,
+        cache_bytes: a.engine.engine_cache_mib << 20,
+        max_tokens_per_step: a.engine.chunk_tokens as u32,
         ..OpenOptions::default()
     };
-    let p = Pipeline::open(&a.table_dir, o)?;
+    let p = Pipeline::open(a.dir(), o)?;
     let fd = p.table().file().as_raw_fd();
     let _ = ple_core::sys::fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
     Ok(p)
@@ -58,9 +96,9 @@ fn p99(v: &mut [f64]) -> f64 {
     v[((v.len() as f64 * 0.99) as usize).min(v.len() - 1)]
 }
 
-pub(crate) fn run(a: &BenchArgs) -> Result<()> {
+pub(super) fn run(a: &BenchArgs) -> Result<()> {
     let probe = Pipeline::open(
-        &a.table_dir,
+        a.dir(),
         OpenOptions {
             io_mode: IoMode::Mmap,
             cache_bytes: 0,
@@ -75,21 +113,30 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     println!(
         "device: {iops:.0} IOPS (512 B random O_DIRECT reads at QD64, libple's own io_uring probe)"
     );
-    let chunks = a.engine_prompt_tokens.div_ceil(a.chunk_tokens);
+    let chunks = a
+        .engine
+        .engine_prompt_tokens
+        .div_ceil(a.engine.chunk_tokens);
     let shape = |_seed: u64| Shape {
         name: "prompt".into(),
         reqs: 1,
-        toks: a.chunk_tokens,
+        toks: a.engine.chunk_tokens,
         steps: chunks,
     };
     let ms_ = |x: f64| Duration::from_secs_f64(x / 1e3);
-    let (pb, pa) = (ms_(a.prefill_before_ms), ms_(a.prefill_after_ms));
-    let (db, da) = (ms_(a.decode_before_ms), ms_(a.decode_after_ms));
+    let (pb, pa) = (
+        ms_(a.engine.prefill_before_ms),
+        ms_(a.engine.prefill_after_ms),
+    );
+    let (db, da) = (
+        ms_(a.engine.decode_before_ms),
+        ms_(a.engine.decode_after_ms),
+    );
     let mut waits = [vec![0f64; chunks], vec![0f64; chunks]];
     let mut ttft = [0f64; 2];
     let mut dec = [0f64; 2];
     let mut floors = vec![0f64; chunks];
-    for pair in 0..a.pairs {
+    for pair in 0..a.engine.pairs {
         let prompts = [
             make_steps(
                 &corpus,
@@ -118,9 +165,9 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
                         .count();
                     let read_ms = u as f64 / iops.max(1.0) * 1e3;
                     let compute = if k == 0 {
-                        a.prefill_before_ms
+                        a.engine.prefill_before_ms
                     } else {
-                        a.prefill_before_ms + a.prefill_after_ms
+                        a.engine.prefill_before_ms + a.engine.prefill_after_ms
                     };
                     floors[k] = (read_ms - compute).max(0.0);
                 }
@@ -133,15 +180,15 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
             }
             for (k, st) in prompt.iter().enumerate() {
                 let w = engine_step(&p, st, k as u64 + 1, pb, pa)?;
-                waits[on as usize][k] += ms(w) / a.pairs as f64;
+                waits[on as usize][k] += ms(w) / a.engine.pairs as f64;
             }
-            ttft[on as usize] += ms(t0.elapsed() - pa) / a.pairs as f64;
+            ttft[on as usize] += ms(t0.elapsed() - pa) / a.engine.pairs as f64;
             // decode: 1 + drafts tokens per request, the next step's read ahead one step early
             let dshape = Shape {
                 name: "decode".into(),
-                reqs: a.decode_requests,
-                toks: 1 + a.drafts,
-                steps: a.decode_steps,
+                reqs: a.engine.decode_requests,
+                toks: 1 + a.engine.drafts,
+                steps: a.engine.decode_steps,
             };
             let steps = make_steps(
                 &corpus,
@@ -167,7 +214,7 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
                 p.release_step(base + k as u64 + 1)?;
                 std::thread::sleep(da);
             }
-            dec[on as usize] += sum / (steps.len().max(2) - 1) as f64 / a.pairs as f64;
+            dec[on as usize] += sum / (steps.len().max(2) - 1) as f64 / a.engine.pairs as f64;
             let c = p.counters();
             println!(
                 "pair {pair} read-ahead {}: ttft so far; ahead asked {} read {} dropped {} cached {} hits {}; cache hits {} misses {} (overall hit rate {:.3})",
@@ -185,7 +232,11 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     }
     println!(
         "prefill {} tokens in {}-token chunks, compute {} ms before / {} ms after each; {} pairs",
-        a.engine_prompt_tokens, a.chunk_tokens, a.prefill_before_ms, a.prefill_after_ms, a.pairs
+        a.engine.engine_prompt_tokens,
+        a.engine.chunk_tokens,
+        a.engine.prefill_before_ms,
+        a.engine.prefill_after_ms,
+        a.engine.pairs
     );
     println!("chunk  exposed wait off (ms)  on (ms)  on/off  floor (ms)");
     for k in 0..chunks {
@@ -207,10 +258,10 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
     println!("TTFT off {:.1} ms, on {:.1} ms", ttft[0], ttft[1]);
     println!(
         "decode ({} requests x (1 + {} drafts), {} ms / {} ms compute): wait per step off {:.3} ms, on {:.3} ms, on/off {:.3} (target <= 0.20)",
-        a.decode_requests,
-        a.drafts,
-        a.decode_before_ms,
-        a.decode_after_ms,
+        a.engine.decode_requests,
+        a.engine.drafts,
+        a.engine.decode_before_ms,
+        a.engine.decode_after_ms,
         dec[0],
         dec[1],
         dec[1] / dec[0].max(1e-9)
@@ -239,12 +290,12 @@ pub(crate) fn run(a: &BenchArgs) -> Result<()> {
         Ok(v)
     };
     time(&p, 10)?;
-    let mut idle = time(&p, a.p99_steps)?;
+    let mut idle = time(&p, a.engine.p99_steps)?;
     let bg = make_steps(&corpus, &shape(0), 999, meta.hash.eos_token_id);
     for b in &bg {
         p.prefetch_ahead(&b.batch())?;
     }
-    let mut busy = time(&p, a.p99_steps)?;
+    let mut busy = time(&p, a.engine.p99_steps)?;
     let c = p.counters();
     println!(
         "cached 8x1 step: p99 idle {:.1} µs, while read-ahead runs {:.1} µs, ratio {:.3} (target <= 1.2); ahead rows read meanwhile {}",

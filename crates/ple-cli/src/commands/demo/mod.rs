@@ -21,6 +21,7 @@ mod replay;
 mod report;
 mod script;
 
+use clap::Args;
 use ple::*;
 use ple_core::error::{Error, Result};
 use ple_core::model::RowFormat;
@@ -133,8 +134,21 @@ fn ensure_checkpoint(dir: &Path) -> Result<()> {
     std::fs::write(&marker, want).map_err(|e| Error::io_path("writing", &marker, e))
 }
 
+/// `ple demo [--work-dir DIR]`
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Where the generated checkpoint, table and reports go.
+    #[arg(long, default_value = ".ple-demo")]
+    pub work_dir: PathBuf,
+}
+
+pub fn run(a: DemoArgs) -> Result<()> {
+    ple::log::init();
+    run_in(&a.work_dir)
+}
+
 /// Runs the demo in `work`.
-pub fn run(work: &Path) -> Result<()> {
+fn run_in(work: &Path) -> Result<()> {
     let t_all = Instant::now();
     std::fs::create_dir_all(work).map_err(|e| Error::io_path("creating", work, e))?;
     let ck = work.join("checkpoint");
@@ -148,7 +162,7 @@ pub fn run(work: &Path) -> Result<()> {
         t.elapsed().as_secs_f64()
     );
     let t = Instant::now();
-    let report = crate::cli::pack_with_bar(
+    let report = crate::progress::pack_with_bar(
         &ck,
         &table_dir,
         &ple_core::format::pack::PackOptions::default(),
