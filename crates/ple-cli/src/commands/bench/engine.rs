@@ -96,7 +96,8 @@ fn p99(v: &mut [f64]) -> f64 {
     v[((v.len() as f64 * 0.99) as usize).min(v.len() - 1)]
 }
 
-pub(super) fn run(a: &BenchArgs) -> Result<()> {
+/// The table's hash parameters and corpus, and the device's 512 B IOPS at QD64 (printed).
+fn probe(a: &BenchArgs) -> Result<(Corpus, i32, f64)> {
     let probe = Pipeline::open(
         a.dir(),
         OpenOptions {
@@ -105,168 +106,206 @@ pub(super) fn run(a: &BenchArgs) -> Result<()> {
             ..OpenOptions::default()
         },
     )?;
-    let meta = probe.table().meta().clone();
+    let meta = probe.table().meta();
     let corpus = Corpus::new(meta.hash.vocab_size, meta.hash.eos_token_id);
     let size = probe.table().bytes().len() as u64;
     let iops = super::floor::qd64_iops(probe.table().rows_path(), size, 512, 20_000).unwrap_or(0.0);
-    drop(probe);
     println!(
         "device: {iops:.0} IOPS (512 B random O_DIRECT reads at QD64, libple's own io_uring probe)"
     );
-    let chunks = a
-        .engine
-        .engine_prompt_tokens
-        .div_ceil(a.engine.chunk_tokens);
-    let shape = |_seed: u64| Shape {
+    Ok((corpus, meta.hash.eos_token_id, iops))
+}
+
+fn ms_f(x: f64) -> Duration {
+    Duration::from_secs_f64(x / 1e3)
+}
+
+/// The off/on pairs' figures, each averaged over the pairs; index 0 off, 1 on.
+struct Pairs {
+    /// Exposed wait per prompt chunk (ms).
+    waits: [Vec<f64>; 2],
+    ttft: [f64; 2],
+    /// Wait per decode step (ms).
+    dec: [f64; 2],
+    /// Per prompt chunk: its new rows at the device's IOPS less the compute before it (ms).
+    floors: Vec<f64>,
+}
+
+impl Pairs {
+    /// The floor of each chunk: the rows it must read (its distinct rows not in an earlier
+    /// chunk) at the device's IOPS, less the compute before it.
+    fn set_floors(
+        &mut self,
+        p: &Pipeline,
+        prompt: &[Step],
+        iops: f64,
+        e: &EngineArgs,
+    ) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for (k, st) in prompt.iter().enumerate() {
+            let u = super::steps::ids_of(p, st)?
+                .into_iter()
+                .filter(|&id| seen.insert(id))
+                .count();
+            let read_ms = u as f64 / iops.max(1.0) * 1e3;
+            let compute = if k == 0 {
+                e.prefill_before_ms
+            } else {
+                e.prefill_before_ms + e.prefill_after_ms
+            };
+            self.floors[k] = (read_ms - compute).max(0.0);
+        }
+        Ok(())
+    }
+
+    /// The prompt's chunks through the engine loop, read ahead at admission when `on`.
+    fn prefill(&mut self, p: &Pipeline, prompt: &[Step], on: bool, e: &EngineArgs) -> Result<()> {
+        let (pb, pa) = (ms_f(e.prefill_before_ms), ms_f(e.prefill_after_ms));
+        let t0 = Instant::now();
+        if on {
+            for st in prompt {
+                p.prefetch_ahead(&st.batch())?;
+            }
+        }
+        for (k, st) in prompt.iter().enumerate() {
+            let w = engine_step(p, st, k as u64 + 1, pb, pa)?;
+            self.waits[on as usize][k] += ms(w) / e.pairs as f64;
+        }
+        self.ttft[on as usize] += ms(t0.elapsed() - pa) / e.pairs as f64;
+        Ok(())
+    }
+
+    /// Decode steps of 1 + drafts tokens per request after the prompt's `base` steps, the next
+    /// step's read ahead one step early when `on`.
+    fn decode(
+        &mut self,
+        p: &Pipeline,
+        steps: &[Step],
+        base: u64,
+        on: bool,
+        e: &EngineArgs,
+    ) -> Result<()> {
+        let (db, da) = (ms_f(e.decode_before_ms), ms_f(e.decode_after_ms));
+        let mut sum = 0.0;
+        for (k, st) in steps.iter().enumerate() {
+            std::thread::sleep(db);
+            let t = Instant::now();
+            p.submit(&st.batch(), base + k as u64 + 1)?;
+            if on {
+                if let Some(next) = steps.get(k + 1) {
+                    p.prefetch_ahead(&next.batch())?;
+                }
+            }
+            p.wait(base + k as u64 + 1, u64::MAX)?;
+            if k > 0 {
+                sum += ms(t.elapsed());
+            }
+            p.release_step(base + k as u64 + 1)?;
+            std::thread::sleep(da);
+        }
+        self.dec[on as usize] += sum / (steps.len().max(2) - 1) as f64 / e.pairs as f64;
+        Ok(())
+    }
+
+    fn print(&self, e: &EngineArgs) {
+        let (waits, chunks) = (&self.waits, self.floors.len());
+        println!(
+            "prefill {} tokens in {}-token chunks, compute {} ms before / {} ms after each; {} pairs",
+            e.engine_prompt_tokens,
+            e.chunk_tokens,
+            e.prefill_before_ms,
+            e.prefill_after_ms,
+            e.pairs
+        );
+        println!("chunk  exposed wait off (ms)  on (ms)  on/off  floor (ms)");
+        for (k, (off, on)) in waits[0].iter().zip(&waits[1]).enumerate() {
+            println!(
+                "{k:>5}  {off:>21.2}  {on:>7.2}  {:>6.3}  {:>10.2}",
+                on / off.max(1e-9),
+                self.floors[k]
+            );
+        }
+        let later = |v: &[f64]| v[1..].iter().sum::<f64>();
+        if chunks > 1 {
+            println!(
+                "chunks after the first: exposed wait on/off = {:.3} (target <= 0.10)",
+                later(&waits[1]) / later(&waits[0]).max(1e-9)
+            );
+        }
+        println!("TTFT off {:.1} ms, on {:.1} ms", self.ttft[0], self.ttft[1]);
+        println!(
+            "decode ({} requests x (1 + {} drafts), {} ms / {} ms compute): wait per step off {:.3} ms, on {:.3} ms, on/off {:.3} (target <= 0.20)",
+            e.decode_requests,
+            e.drafts,
+            e.decode_before_ms,
+            e.decode_after_ms,
+            self.dec[0],
+            self.dec[1],
+            self.dec[1] / self.dec[0].max(1e-9)
+        );
+    }
+}
+
+fn print_ahead_counters(p: &Pipeline, pair: usize, on: bool) {
+    let c = p.counters();
+    println!(
+        "pair {pair} read-ahead {}: ttft so far; ahead asked {} read {} dropped {} cached {} hits {}; cache hits {} misses {} (overall hit rate {:.3})",
+        if on { "on " } else { "off" },
+        c.ahead_asked,
+        c.ahead_read,
+        c.ahead_dropped,
+        c.ahead_cached,
+        c.ahead_hits,
+        c.cache_hits,
+        c.cache_misses,
+        c.overall_hit_rate()
+    );
+}
+
+pub(super) fn run(a: &BenchArgs) -> Result<()> {
+    let e = &a.engine;
+    let (corpus, eos, iops) = probe(a)?;
+    let chunks = e.engine_prompt_tokens.div_ceil(e.chunk_tokens);
+    let prompt_shape = Shape {
         name: "prompt".into(),
         reqs: 1,
-        toks: a.engine.chunk_tokens,
+        toks: e.chunk_tokens,
         steps: chunks,
     };
-    let ms_ = |x: f64| Duration::from_secs_f64(x / 1e3);
-    let (pb, pa) = (
-        ms_(a.engine.prefill_before_ms),
-        ms_(a.engine.prefill_after_ms),
-    );
-    let (db, da) = (
-        ms_(a.engine.decode_before_ms),
-        ms_(a.engine.decode_after_ms),
-    );
-    let mut waits = [vec![0f64; chunks], vec![0f64; chunks]];
-    let mut ttft = [0f64; 2];
-    let mut dec = [0f64; 2];
-    let mut floors = vec![0f64; chunks];
-    for pair in 0..a.engine.pairs {
-        let prompts = [
-            make_steps(
-                &corpus,
-                &shape(0),
-                100 + 2 * pair as u64,
-                meta.hash.eos_token_id,
-            ),
-            make_steps(
-                &corpus,
-                &shape(0),
-                101 + 2 * pair as u64,
-                meta.hash.eos_token_id,
-            ),
-        ];
+    let decode_shape = Shape {
+        name: "decode".into(),
+        reqs: e.decode_requests,
+        toks: 1 + e.drafts,
+        steps: e.decode_steps,
+    };
+    let mut r = Pairs {
+        waits: [vec![0f64; chunks], vec![0f64; chunks]],
+        ttft: [0f64; 2],
+        dec: [0f64; 2],
+        floors: vec![0f64; chunks],
+    };
+    for pair in 0..e.pairs {
+        let prompts =
+            [100, 101].map(|s| make_steps(&corpus, &prompt_shape, s + 2 * pair as u64, eos));
         for on in [false, true] {
             let prompt = &prompts[(on as usize + pair) % 2];
             let p = open(a)?;
             if on && pair == 0 {
-                // the floor of each chunk: the rows it must read (its distinct rows not in an
-                // earlier chunk) at the device's IOPS, less the compute before it
-                let mut seen = std::collections::HashSet::new();
-                for (k, st) in prompt.iter().enumerate() {
-                    let u = super::steps::ids_of(&p, st)?
-                        .into_iter()
-                        .filter(|&id| seen.insert(id))
-                        .count();
-                    let read_ms = u as f64 / iops.max(1.0) * 1e3;
-                    let compute = if k == 0 {
-                        a.engine.prefill_before_ms
-                    } else {
-                        a.engine.prefill_before_ms + a.engine.prefill_after_ms
-                    };
-                    floors[k] = (read_ms - compute).max(0.0);
-                }
+                r.set_floors(&p, prompt, iops, e)?;
             }
-            let t0 = Instant::now();
-            if on {
-                for st in prompt {
-                    p.prefetch_ahead(&st.batch())?;
-                }
-            }
-            for (k, st) in prompt.iter().enumerate() {
-                let w = engine_step(&p, st, k as u64 + 1, pb, pa)?;
-                waits[on as usize][k] += ms(w) / a.engine.pairs as f64;
-            }
-            ttft[on as usize] += ms(t0.elapsed() - pa) / a.engine.pairs as f64;
-            // decode: 1 + drafts tokens per request, the next step's read ahead one step early
-            let dshape = Shape {
-                name: "decode".into(),
-                reqs: a.engine.decode_requests,
-                toks: 1 + a.engine.drafts,
-                steps: a.engine.decode_steps,
-            };
-            let steps = make_steps(
-                &corpus,
-                &dshape,
-                500 + pair as u64 + 7 * on as u64,
-                meta.hash.eos_token_id,
-            );
-            let base = chunks as u64;
-            let mut sum = 0.0;
-            for (k, st) in steps.iter().enumerate() {
-                std::thread::sleep(db);
-                let t = Instant::now();
-                p.submit(&st.batch(), base + k as u64 + 1)?;
-                if on {
-                    if let Some(next) = steps.get(k + 1) {
-                        p.prefetch_ahead(&next.batch())?;
-                    }
-                }
-                p.wait(base + k as u64 + 1, u64::MAX)?;
-                if k > 0 {
-                    sum += ms(t.elapsed());
-                }
-                p.release_step(base + k as u64 + 1)?;
-                std::thread::sleep(da);
-            }
-            dec[on as usize] += sum / (steps.len().max(2) - 1) as f64 / a.engine.pairs as f64;
-            let c = p.counters();
-            println!(
-                "pair {pair} read-ahead {}: ttft so far; ahead asked {} read {} dropped {} cached {} hits {}; cache hits {} misses {} (overall hit rate {:.3})",
-                if on { "on " } else { "off" },
-                c.ahead_asked,
-                c.ahead_read,
-                c.ahead_dropped,
-                c.ahead_cached,
-                c.ahead_hits,
-                c.cache_hits,
-                c.cache_misses,
-                c.overall_hit_rate()
-            );
+            r.prefill(&p, prompt, on, e)?;
+            let seed = 500 + pair as u64 + 7 * on as u64;
+            let steps = make_steps(&corpus, &decode_shape, seed, eos);
+            r.decode(&p, &steps, chunks as u64, on, e)?;
+            print_ahead_counters(&p, pair, on);
         }
     }
-    println!(
-        "prefill {} tokens in {}-token chunks, compute {} ms before / {} ms after each; {} pairs",
-        a.engine.engine_prompt_tokens,
-        a.engine.chunk_tokens,
-        a.engine.prefill_before_ms,
-        a.engine.prefill_after_ms,
-        a.engine.pairs
-    );
-    println!("chunk  exposed wait off (ms)  on (ms)  on/off  floor (ms)");
-    for k in 0..chunks {
-        println!(
-            "{k:>5}  {:>21.2}  {:>7.2}  {:>6.3}  {:>10.2}",
-            waits[0][k],
-            waits[1][k],
-            waits[1][k] / waits[0][k].max(1e-9),
-            floors[k]
-        );
-    }
-    let later = |v: &[f64]| v[1..].iter().sum::<f64>();
-    if chunks > 1 {
-        println!(
-            "chunks after the first: exposed wait on/off = {:.3} (target <= 0.10)",
-            later(&waits[1]) / later(&waits[0]).max(1e-9)
-        );
-    }
-    println!("TTFT off {:.1} ms, on {:.1} ms", ttft[0], ttft[1]);
-    println!(
-        "decode ({} requests x (1 + {} drafts), {} ms / {} ms compute): wait per step off {:.3} ms, on {:.3} ms, on/off {:.3} (target <= 0.20)",
-        a.engine.decode_requests,
-        a.engine.drafts,
-        a.engine.decode_before_ms,
-        a.engine.decode_after_ms,
-        dec[0],
-        dec[1],
-        dec[1] / dec[0].max(1e-9)
-    );
-    // p99 of a cached step while read-ahead runs vs idle
+    r.print(e);
+    cached_p99(a, &corpus, &prompt_shape, eos)
+}
+
+/// p99 of a cached step while read-ahead runs vs idle.
+fn cached_p99(a: &BenchArgs, corpus: &Corpus, prompt_shape: &Shape, eos: i32) -> Result<()> {
     let p = open(a)?;
     let dshape = Shape {
         name: "p99".into(),
@@ -274,7 +313,7 @@ pub(super) fn run(a: &BenchArgs) -> Result<()> {
         toks: 1,
         steps: 1,
     };
-    let st = &make_steps(&corpus, &dshape, 900, meta.hash.eos_token_id)[0];
+    let st = &make_steps(corpus, &dshape, 900, eos)[0];
     let mut seq = 0u64;
     let mut time = |p: &Pipeline, n: usize| -> Result<Vec<f64>> {
         let mut v = Vec::with_capacity(n);
@@ -291,7 +330,7 @@ pub(super) fn run(a: &BenchArgs) -> Result<()> {
     };
     time(&p, 10)?;
     let mut idle = time(&p, a.engine.p99_steps)?;
-    let bg = make_steps(&corpus, &shape(0), 999, meta.hash.eos_token_id);
+    let bg = make_steps(corpus, prompt_shape, 999, eos);
     for b in &bg {
         p.prefetch_ahead(&b.batch())?;
     }
