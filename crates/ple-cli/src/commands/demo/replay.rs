@@ -6,6 +6,7 @@ use super::script::{Requests, Step, script};
 use super::{Handle, WAIT_US, check, evict};
 use ple::*;
 use ple_core::error::{Error, Result};
+use ple_core::format::table::TableMeta;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
@@ -51,10 +52,127 @@ pub(super) struct Verify {
     pub(super) mismatches: u64,
 }
 
-/// Runs the script once on `h`, verifying every `sample`-th token of each step.
+/// What the library returned for one step: its tokens' ids, packed rows and dequantised values.
+struct Got<'a> {
+    ids: &'a [i64],
+    rows: &'a [u8],
+    values: &'a [f32],
+}
+
+impl Verify {
+    /// Checks the sampled tokens of step `s` (all of a decode step's, every 17th of a prefill
+    /// step's) against the reference rule and the file. `reqs` has the step applied.
+    fn check_step(
+        &mut self,
+        table: &TableMeta,
+        rows_file: &std::fs::File,
+        s: &Step,
+        reqs: &Requests,
+        got: &Got,
+    ) -> Result<()> {
+        let rb = table.row_bytes as usize;
+        for (ri, &rid) in s.request_ids.iter().enumerate() {
+            for t in s.query_start[ri] as usize..s.query_start[ri + 1] as usize {
+                if s.prefill && t % 17 != 0 {
+                    continue;
+                }
+                let want = reference_ids(&table.hash, &reqs.seqs[&rid], s.positions[t] as usize);
+                self.tokens_checked += 1;
+                for (k, &id) in want.iter().enumerate() {
+                    let mut row = vec![0u8; rb];
+                    rows_file
+                        .read_exact_at(&mut row, id * rb as u64)
+                        .map_err(|e| Error::io("pread", e))?;
+                    self.rows_checked += 1;
+                    if got.ids[t * 16 + k] != id as i64
+                        || got.rows[(t * 16 + k) * rb..(t * 16 + k + 1) * rb] != row[..]
+                    {
+                        self.mismatches += 1;
+                    }
+                    let vals = decode_row(table.row_format, table.global_scale, &row);
+                    let values = &got.values[t * DIM + k * 160..t * DIM + (k + 1) * 160];
+                    self.values_checked += 160;
+                    if vals
+                        .iter()
+                        .zip(values)
+                        .any(|(a, b)| a.to_bits() != b.to_bits())
+                    {
+                        self.mismatches += 1;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PassReport {
+    /// The pass's rows, pages, storage and time split from the handle's counters before and
+    /// after it, and the step latency percentiles.
+    fn finish(&mut self, before: &ple_stats, after: &ple_stats, pre: &[f64], dec: &[f64]) {
+        self.rows =
+            (after.prefill_rows + after.decode_rows) - (before.prefill_rows + before.decode_rows);
+        self.unique_pages = after.unique_pages - before.unique_pages;
+        self.storage_kib_per_token = (after.storage_read_bytes - before.storage_read_bytes) as f64
+            / 1024.0
+            / self.tokens as f64;
+        self.storage_reads_per_token =
+            (after.storage_reads - before.storage_reads) as f64 / self.tokens as f64;
+        self.hash_ms = (after.hash_ns - before.hash_ns) as f64 / 1e6;
+        self.prefetch_ms = (after.prefetch_ns - before.prefetch_ns) as f64 / 1e6;
+        self.gather_ms = (after.gather_ns - before.gather_ns) as f64 / 1e6;
+        self.copy_ms = (after.copy_ns - before.copy_ns) as f64 / 1e6;
+        self.wait_ms = (after.wait_ns - before.wait_ns) as f64 / 1e6;
+        self.prefill_p50_ms = percentile(pre, 50.0);
+        self.prefill_p99_ms = percentile(pre, 99.0);
+        self.decode_p50_ms = percentile(dec, 50.0);
+        self.decode_p99_ms = percentile(dec, 99.0);
+    }
+}
+
+/// Submits step `s` as `seq` and waits for it; returns the library's ids of its tokens and the
+/// submit → wait time (ms).
+fn submit_and_wait(h: &Handle, s: &Step, seq: u64) -> Result<(Vec<i64>, f64)> {
+    let b = s.batch();
+    let mut lib_ids = vec![0i64; s.tokens.len() * 16];
+    check(
+        // SAFETY: the handle is open; the batch points into `s`; `lib_ids` holds 16 ids per token.
+        unsafe { ple_ngram_ids(h.0, &b, lib_ids.as_mut_ptr()) },
+        "ple_ngram_ids",
+    )?;
+    let t0 = Instant::now();
+    // SAFETY: the handle is open; the batch points into `s`, which outlives the call.
+    check(unsafe { ple_submit(h.0, &b, seq) }, "ple_submit")?;
+    // SAFETY: the handle is open.
+    check(unsafe { ple_wait(h.0, seq, WAIT_US) }, "ple_wait")?;
+    Ok((lib_ids, t0.elapsed().as_secs_f64() * 1e3))
+}
+
+/// The done step `seq`'s packed rows (copied; `rb` bytes each) and its values dequantised into
+/// `out` (which consumes the step).
+fn step_outputs(h: &Handle, seq: u64, rb: usize, out: &mut [f32]) -> Result<Vec<u8>> {
+    let mut rows_ptr = std::ptr::null();
+    let mut nt = 0u32;
+    check(
+        // SAFETY: the handle is open; both out-pointers are writable locals.
+        unsafe { ple_packed_rows(h.0, seq, &mut rows_ptr, &mut nt) },
+        "ple_packed_rows",
+    )?;
+    let staged =
+        // SAFETY: ple_packed_rows returned OK: `rows_ptr` holds `nt` tokens of 16 rows of `rb` bytes until the step is consumed (below).
+        unsafe { std::slice::from_raw_parts(rows_ptr, nt as usize * 16 * rb) }.to_vec();
+    check(
+        // SAFETY: the handle is open; `out` holds 4096 rows of DIM f32, and a step has at most 4096 tokens (max_tokens_per_step).
+        unsafe { ple_dequant_cpu(h.0, seq, out.as_mut_ptr() as *mut _, PLE_DTYPE_F32, DIM, 0) },
+        "ple_dequant_cpu",
+    )?;
+    Ok(staged)
+}
+
+/// Runs the script once on `h`, verifying sampled tokens of each step ([`Verify::check_step`]).
 pub(super) fn replay(
     h: &Handle,
-    table: &ple_core::format::table::TableMeta,
+    table: &TableMeta,
     rows_file: &std::fs::File,
     steps: &[Step],
     name: &str,
@@ -71,19 +189,7 @@ pub(super) fn replay(
     let mut out = vec![0f32; 4096 * DIM];
     for (i, s) in steps.iter().enumerate() {
         let seq = i as u64 + 1;
-        let b = s.batch();
-        let mut lib_ids = vec![0i64; s.tokens.len() * 16];
-        check(
-            // SAFETY: the handle is open; the batch points into `s`; `lib_ids` holds 16 ids per token.
-            unsafe { ple_ngram_ids(h.0, &b, lib_ids.as_mut_ptr()) },
-            "ple_ngram_ids",
-        )?;
-        let t0 = Instant::now();
-        // SAFETY: the handle is open; the batch points into `s`, which outlives the call.
-        check(unsafe { ple_submit(h.0, &b, seq) }, "ple_submit")?;
-        // SAFETY: the handle is open.
-        check(unsafe { ple_wait(h.0, seq, WAIT_US) }, "ple_wait")?;
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let (lib_ids, ms) = submit_and_wait(h, s, seq)?;
         rep.step_ms.push(ms);
         if s.prefill {
             pre.push(ms)
@@ -91,72 +197,16 @@ pub(super) fn replay(
             dec.push(ms)
         }
         reqs.apply(s);
-        let mut rows_ptr = std::ptr::null();
-        let mut nt = 0u32;
-        check(
-            // SAFETY: the handle is open; both out-pointers are writable locals.
-            unsafe { ple_packed_rows(h.0, seq, &mut rows_ptr, &mut nt) },
-            "ple_packed_rows",
-        )?;
-        let staged =
-            // SAFETY: ple_packed_rows returned OK: `rows_ptr` holds `nt` tokens of 16 rows of `rb` bytes until the step is consumed (below).
-            unsafe { std::slice::from_raw_parts(rows_ptr, nt as usize * 16 * rb) }.to_vec();
-        check(
-            // SAFETY: the handle is open; `out` holds 4096 rows of DIM f32, and a step has at most 4096 tokens (max_tokens_per_step).
-            unsafe { ple_dequant_cpu(h.0, seq, out.as_mut_ptr() as *mut _, PLE_DTYPE_F32, DIM, 0) },
-            "ple_dequant_cpu",
-        )?;
-        // verify sampled tokens (all of a decode step's, every 17th of a prefill step's)
-        for (ri, &rid) in s.request_ids.iter().enumerate() {
-            for t in s.query_start[ri] as usize..s.query_start[ri + 1] as usize {
-                if s.prefill && t % 17 != 0 {
-                    continue;
-                }
-                let want = reference_ids(&table.hash, &reqs.seqs[&rid], s.positions[t] as usize);
-                v.tokens_checked += 1;
-                for (k, &id) in want.iter().enumerate() {
-                    let mut row = vec![0u8; rb];
-                    rows_file
-                        .read_exact_at(&mut row, id * rb as u64)
-                        .map_err(|e| Error::io("pread", e))?;
-                    v.rows_checked += 1;
-                    if lib_ids[t * 16 + k] != id as i64
-                        || staged[(t * 16 + k) * rb..(t * 16 + k + 1) * rb] != row[..]
-                    {
-                        v.mismatches += 1;
-                    }
-                    let vals = decode_row(table.row_format, table.global_scale, &row);
-                    let got = &out[t * DIM + k * 160..t * DIM + (k + 1) * 160];
-                    v.values_checked += 160;
-                    if vals
-                        .iter()
-                        .zip(got)
-                        .any(|(a, b)| a.to_bits() != b.to_bits())
-                    {
-                        v.mismatches += 1;
-                    }
-                }
-            }
-        }
+        let staged = step_outputs(h, seq, rb, &mut out)?;
+        let got = Got {
+            ids: &lib_ids,
+            rows: &staged,
+            values: &out,
+        };
+        v.check_step(table, rows_file, s, &reqs, &got)?;
         rep.tokens += s.tokens.len() as u64;
     }
-    let after = h.stats()?;
-    rep.rows =
-        (after.prefill_rows + after.decode_rows) - (before.prefill_rows + before.decode_rows);
-    rep.unique_pages = after.unique_pages - before.unique_pages;
-    rep.storage_kib_per_token =
-        (after.storage_read_bytes - before.storage_read_bytes) as f64 / 1024.0 / rep.tokens as f64;
-    rep.storage_reads_per_token =
-        (after.storage_reads - before.storage_reads) as f64 / rep.tokens as f64;
-    rep.hash_ms = (after.hash_ns - before.hash_ns) as f64 / 1e6;
-    rep.prefetch_ms = (after.prefetch_ns - before.prefetch_ns) as f64 / 1e6;
-    rep.gather_ms = (after.gather_ns - before.gather_ns) as f64 / 1e6;
-    rep.copy_ms = (after.copy_ns - before.copy_ns) as f64 / 1e6;
-    rep.wait_ms = (after.wait_ns - before.wait_ns) as f64 / 1e6;
-    rep.prefill_p50_ms = percentile(&pre, 50.0);
-    rep.prefill_p99_ms = percentile(&pre, 99.0);
-    rep.decode_p50_ms = percentile(&dec, 50.0);
-    rep.decode_p99_ms = percentile(&dec, 99.0);
+    rep.finish(&before, &h.stats()?, &pre, &dec);
     Ok(rep)
 }
 
