@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Several engine processes on one host (tensor-parallel ranks looking up the same tokens): PROCS
-# processes run the same `ple bench --steady` load at once on TABLE_DIR, in three set-ups:
+# processes run the same `ple bench steady` load at once on TABLE_DIR, in three set-ups:
 #   mmap    MMAP, no row cache: the processes share the page cache
 #   direct  DIRECT, a CACHE row cache each (every process caches and reads all 16 heads)
 #   shards  DIRECT, a CACHE row cache each, process r serving head shard r of PROCS
@@ -37,7 +37,7 @@ for setup in mmap direct shards; do
     args=(--io-mode direct --cache-bytes "$cache")
     [ "$setup" = mmap ] && args=(--io-mode mmap --cache-bytes 0)
     [ "$setup" = shards ] && args+=(--shard "$r/$procs" --no-whole)
-    "$ple" bench "$table" --steady "${args[@]}" --seconds "$secs" --steps 100000000 \
+    "$ple" bench steady "$table" "${args[@]}" --seconds "$secs" --steps 100000000 \
       --interval 100000000 --no-reference --threads 1 --json "$out/$setup-$r.json" \
       > "$out/$setup-$r.txt" 2>&1 &
     pids+=($!)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two engine processes on one host (tensor-parallel ranks looking up the same tokens): both run
-# `ple bench --steady` at once on TABLE_DIR, first in DIRECT mode with a row cache each, then in
+# `ple bench steady` at once on TABLE_DIR, first in DIRECT mode with a row cache each, then in
 # MMAP mode sharing the page cache; the page cache is dropped before each set-up (needs root).
 # Usage: scripts/bench-two-procs.sh TABLE_DIR [SECONDS=240] [CACHE=256M] [OUT=bench-two-procs]
 set -euo pipefail
@@ -16,7 +16,7 @@ for mode in direct mmap; do
   c=$cache; [ "$mode" = mmap ] && c=0
   free -m > "$out/$mode-mem-before.txt"
   for r in 0 1; do
-    "$ple" bench "$table" --steady --io-mode "$mode" --cache-bytes "$c" --seconds "$secs" \
+    "$ple" bench steady "$table" --io-mode "$mode" --cache-bytes "$c" --seconds "$secs" \
       --steps 100000000 --interval 20 --no-reference > "$out/$mode-$r.txt" 2>&1 &
   done
   sleep $((secs - 10)); free -m > "$out/$mode-mem-end.txt"

@@ -1,12 +1,13 @@
-//! The `ple` command-line tool. Each subcommand is one function in [`cli`].
+//! The `ple` command-line tool. Each subcommand is a module of [`commands`] that owns its
+//! arguments (a `#[derive(clap::Args)]` struct) and its `run()`; this file only parses and
+//! dispatches.
 
-mod bench;
-mod cli;
-mod demo;
-mod steady;
-mod synth_full;
+mod commands;
+mod parse;
+mod progress;
 
 use clap::{Parser, Subcommand};
+use commands::{bench, demo, inspect, lookup, pack, synth_checkpoint, synth_table};
 
 #[derive(Parser)]
 #[command(
@@ -22,21 +23,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Pack a checkpoint's PLE shards into a row-addressable table.
-    Pack(cli::PackArgs),
+    Pack(pack::PackArgs),
     /// Show a table's metadata and validation result.
-    Inspect(cli::InspectArgs),
+    Inspect(inspect::InspectArgs),
     /// Print the 16 row ids of each token of one sequence starting at position 0.
-    Lookup(cli::LookupArgs),
+    Lookup(lookup::LookupArgs),
     /// Benchmark a table: prefill and decode steps, warm and cold, against baselines.
-    Bench(Box<cli::BenchArgs>),
+    Bench(Box<bench::BenchArgs>),
     /// End to end on a generated table: pack, open, replay an engine, verify, report.
-    Demo(cli::DemoArgs),
+    Demo(demo::DemoArgs),
     /// Write a generated table (for tests and benchmarks).
     #[command(hide = true)]
-    SynthTable(cli::SynthTableArgs),
+    SynthTable(synth_table::SynthTableArgs),
     /// Write a generated safetensors checkpoint (tests and benchmarks).
     #[command(hide = true)]
-    SynthCheckpoint(cli::SynthCheckpointArgs),
+    SynthCheckpoint(synth_checkpoint::SynthCheckpointArgs),
 }
 
 fn main() {
@@ -44,13 +45,13 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::new().filter("PLE_LOG")).init();
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Pack(a) => cli::pack(a),
-        Cmd::Inspect(a) => cli::inspect(a),
-        Cmd::Lookup(a) => cli::lookup(a),
-        Cmd::Bench(a) => cli::bench(*a),
-        Cmd::Demo(a) => cli::demo(a),
-        Cmd::SynthTable(a) => cli::synth_table(a),
-        Cmd::SynthCheckpoint(a) => cli::synth_checkpoint(a),
+        Cmd::Pack(a) => pack::run(a),
+        Cmd::Inspect(a) => inspect::run(a),
+        Cmd::Lookup(a) => lookup::run(a),
+        Cmd::Bench(a) => bench::run(*a),
+        Cmd::Demo(a) => demo::run(a),
+        Cmd::SynthTable(a) => synth_table::run(a),
+        Cmd::SynthCheckpoint(a) => synth_checkpoint::run(a),
     };
     if let Err(e) = r {
         eprintln!("ple: {e}");

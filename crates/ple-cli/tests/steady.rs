@@ -146,3 +146,76 @@ fn steady_bench_of_a_shard_sits_beside_the_whole_table() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--steady"));
 }
+
+/// `ple bench steady DIR` and the old spelling `ple bench DIR --steady` run the same benchmark:
+/// the same row-id sequence gives the same cache hits and misses per interval and the same
+/// replayed policies; only the old spelling prints its one-line notice on stderr.
+#[test]
+fn steady_subcommand_and_the_old_spelling_run_the_same_benchmark() {
+    let d = tempfile::tempdir().unwrap();
+    let table = d.path().join("t");
+    ple_testkit::synth::write_table(
+        &table,
+        ple_core::model::RowFormat::Nvfp4,
+        &ple_testkit::synth::small_config(3000, 8),
+        2,
+    )
+    .unwrap();
+    let t = table.to_str().unwrap();
+    let opts = [
+        "--requests",
+        "8",
+        "--steps",
+        "40",
+        "--interval",
+        "20",
+        "--prompt-tokens",
+        "60",
+        "--cache-bytes",
+        "256K",
+        "--threads",
+        "2",
+    ];
+    let run = |args: &[&str], json: &std::path::Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ple"))
+            .args(args)
+            .args(opts)
+            .args(["--json", json.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "{}\n{err}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+        (v, err)
+    };
+    let (new, new_err) = run(&["bench", "steady", t], &d.path().join("new.json"));
+    let (old, old_err) = run(&["bench", t, "--steady"], &d.path().join("old.json"));
+    assert!(!new_err.contains("is now"), "{new_err}");
+    let notices: Vec<&str> = old_err.lines().filter(|l| l.contains("is now")).collect();
+    assert_eq!(notices.len(), 1, "{old_err}");
+    assert!(notices[0].contains("ple bench steady"), "{old_err}");
+    let counts = |v: &serde_json::Value| -> Vec<(u64, u64, u64)> {
+        v["intervals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                let n = |k: &str| i[k].as_u64().unwrap();
+                (n("tokens"), n("cache_hits"), n("cache_misses"))
+            })
+            .collect()
+    };
+    assert_eq!(counts(&new).len(), 2);
+    assert_eq!(counts(&new), counts(&old));
+    assert_eq!(new["policies"], old["policies"]);
+    // a table directory is needed by both spellings
+    let o = Command::new(env!("CARGO_BIN_EXE_ple"))
+        .args(["bench", "steady"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+}

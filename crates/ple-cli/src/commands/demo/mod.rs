@@ -21,8 +21,10 @@ mod replay;
 mod report;
 mod script;
 
+use clap::Args;
 use ple::*;
 use ple_core::error::{Error, Result};
+use ple_core::format::table::TableMeta;
 use ple_core::model::RowFormat;
 use replay::{PassReport, Verify, cold_chunk_ms, replay};
 use script::script;
@@ -133,51 +135,27 @@ fn ensure_checkpoint(dir: &Path) -> Result<()> {
     std::fs::write(&marker, want).map_err(|e| Error::io_path("writing", &marker, e))
 }
 
+/// `ple demo [--work-dir DIR]`
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Where the generated checkpoint, table and reports go.
+    #[arg(long, default_value = ".ple-demo")]
+    pub work_dir: PathBuf,
+}
+
+pub fn run(a: DemoArgs) -> Result<()> {
+    ple::log::init();
+    run_in(&a.work_dir)
+}
+
 /// Runs the demo in `work`.
-pub fn run(work: &Path) -> Result<()> {
+fn run_in(work: &Path) -> Result<()> {
     let t_all = Instant::now();
     std::fs::create_dir_all(work).map_err(|e| Error::io_path("creating", work, e))?;
-    let ck = work.join("checkpoint");
-    let table_dir = work.join("table");
     println!("libple demo: work directory {}", work.display());
-    let t = Instant::now();
-    ensure_checkpoint(&ck)?;
-    println!(
-        "  checkpoint  {} ({:.1} s)",
-        ck.display(),
-        t.elapsed().as_secs_f64()
-    );
-    let t = Instant::now();
-    let report = crate::cli::pack_with_bar(
-        &ck,
-        &table_dir,
-        &ple_core::format::pack::PackOptions::default(),
-        false,
-    )?;
-    println!(
-        "  table       {} ({}, {:.1} s)",
-        table_dir.display(),
-        if report.reused { "reused" } else { "packed" },
-        t.elapsed().as_secs_f64()
-    );
-
-    let topen = ple_core::format::table::Table::open(&table_dir, &Default::default())?;
-    let meta = topen.meta().clone();
-    let rows_path: PathBuf = topen.rows_path().to_path_buf();
-    drop(topen);
+    let (table_dir, meta, rows_path) = prepare(work)?;
     let rows_file =
         std::fs::File::open(&rows_path).map_err(|e| Error::io_path("opening", &rows_path, e))?;
-    println!(
-        "  {} rows x {} B ({}) = {:.2} GiB, {} heads x {} values, global scale {}",
-        meta.total_rows,
-        meta.row_bytes,
-        meta.row_format.name(),
-        meta.file_bytes() as f64 / (1u64 << 30) as f64,
-        meta.num_heads,
-        meta.head_dim,
-        meta.global_scale
-    );
-
     let mut v = Verify {
         tokens_checked: 0,
         rows_checked: 0,
@@ -210,6 +188,70 @@ pub fn run(work: &Path) -> Result<()> {
         Some(g) => println!("  GPU: {g}"),
         None => println!("  GPU: none found (cuda_device 0 unavailable): CPU dequant only"),
     }
+    let ok = print_verification(&v);
+    let json = serde_json::json!({
+        "table": {"rows": meta.total_rows, "row_bytes": meta.row_bytes, "format": meta.row_format.name(), "file_bytes": meta.file_bytes()},
+        "cold": cold, "warm": warm,
+        "cold_chunk_prefetch_off_ms": off, "cold_chunk_prefetch_on_ms": on, "prefetch_speedup": off / on.max(1e-9),
+        "gpu": gpu,
+        "row_cache_hit_rate_per_round": cache,
+        "verification": {"tokens": v.tokens_checked, "rows": v.rows_checked, "values": v.values_checked, "mismatches": v.mismatches},
+    });
+    write_reports(work, &json, &cold, &warm, t_all)?;
+    if !ok {
+        return Err(Error::State(format!(
+            "verification failed: {} mismatches",
+            v.mismatches
+        )));
+    }
+    Ok(())
+}
+
+/// The demo's table: the generated checkpoint in `work` (made unless present), packed into a
+/// table there (or reused); returns the table's directory, metadata and row file.
+fn prepare(work: &Path) -> Result<(PathBuf, TableMeta, PathBuf)> {
+    let ck = work.join("checkpoint");
+    let table_dir = work.join("table");
+    let t = Instant::now();
+    ensure_checkpoint(&ck)?;
+    println!(
+        "  checkpoint  {} ({:.1} s)",
+        ck.display(),
+        t.elapsed().as_secs_f64()
+    );
+    let t = Instant::now();
+    let report = crate::progress::pack_with_bar(
+        &ck,
+        &table_dir,
+        &ple_core::format::pack::PackOptions::default(),
+        false,
+    )?;
+    println!(
+        "  table       {} ({}, {:.1} s)",
+        table_dir.display(),
+        if report.reused { "reused" } else { "packed" },
+        t.elapsed().as_secs_f64()
+    );
+
+    let topen = ple_core::format::table::Table::open(&table_dir, &Default::default())?;
+    let meta = topen.meta().clone();
+    let rows_path: PathBuf = topen.rows_path().to_path_buf();
+    drop(topen);
+    println!(
+        "  {} rows x {} B ({}) = {:.2} GiB, {} heads x {} values, global scale {}",
+        meta.total_rows,
+        meta.row_bytes,
+        meta.row_format.name(),
+        meta.file_bytes() as f64 / (1u64 << 30) as f64,
+        meta.num_heads,
+        meta.head_dim,
+        meta.global_scale
+    );
+    Ok((table_dir, meta, rows_path))
+}
+
+/// Prints what the verification checked; returns whether everything matched.
+fn print_verification(v: &Verify) -> bool {
     let ok = v.mismatches == 0 && v.tokens_checked > 0;
     println!(
         "  verification: {} tokens, {} rows, {} values checked against the plain reference rule and the file: {}",
@@ -222,32 +264,28 @@ pub fn run(work: &Path) -> Result<()> {
             format!("{} MISMATCHES", v.mismatches)
         }
     );
-    let json = serde_json::json!({
-        "table": {"rows": meta.total_rows, "row_bytes": meta.row_bytes, "format": meta.row_format.name(), "file_bytes": meta.file_bytes()},
-        "cold": cold, "warm": warm,
-        "cold_chunk_prefetch_off_ms": off, "cold_chunk_prefetch_on_ms": on, "prefetch_speedup": off / on.max(1e-9),
-        "gpu": gpu,
-        "row_cache_hit_rate_per_round": cache,
-        "verification": {"tokens": v.tokens_checked, "rows": v.rows_checked, "values": v.values_checked, "mismatches": v.mismatches},
-    });
+    ok
+}
+
+/// Writes `demo-report.json` and `demo-latency.svg` into `work`.
+fn write_reports(
+    work: &Path,
+    json: &serde_json::Value,
+    cold: &PassReport,
+    warm: &PassReport,
+    t_all: Instant,
+) -> Result<()> {
     let jp = work.join("demo-report.json");
-    std::fs::write(&jp, serde_json::to_string_pretty(&json).unwrap())
+    std::fs::write(&jp, serde_json::to_string_pretty(json).unwrap())
         .map_err(|e| Error::io_path("writing", &jp, e))?;
     let sp = work.join("demo-latency.svg");
-    std::fs::write(&sp, report::svg(&cold, &warm))
-        .map_err(|e| Error::io_path("writing", &sp, e))?;
+    std::fs::write(&sp, report::svg(cold, warm)).map_err(|e| Error::io_path("writing", &sp, e))?;
     println!(
         "  wrote {} and {} ({:.1} s in all)",
         jp.display(),
         sp.display(),
         t_all.elapsed().as_secs_f64()
     );
-    if !ok {
-        return Err(Error::State(format!(
-            "verification failed: {} mismatches",
-            v.mismatches
-        )));
-    }
     Ok(())
 }
 

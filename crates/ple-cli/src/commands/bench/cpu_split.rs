@@ -67,7 +67,7 @@ pub(crate) fn measure(ctx: &Ctx, seconds: f64) -> Result<Vec<CpuSplit>> {
         let mut o = ctx.opts.clone();
         o.io_mode = IoMode::Direct;
         o.cache_bytes = cache;
-        let Ok(p) = Pipeline::open(&ctx.a.table_dir, o) else {
+        let Ok(p) = Pipeline::open(ctx.a.dir(), o) else {
             return Ok(out);
         };
         out.push(run(ctx, &p, handle, cache, seconds)?);

@@ -1,10 +1,11 @@
-//! `ple bench --steady --shard K/N`: after the rank's run, the same steps on the whole table (a
+//! `ple bench steady --shard K/N`: after the rank's run, the same steps on the whole table (a
 //! handle with N times the rank's row cache: the memory of the N ranks together; the table's
 //! pages evicted first), and the rank's rows, storage reads and KiB per token beside the whole
 //! table's (1/N expected).
 
-use super::{Step, Workload};
-use crate::cli::BenchArgs;
+use super::SteadyArgs;
+use super::workload::Workload;
+use crate::commands::bench::steps::Step;
 use ple_core::error::Result;
 use ple_core::shard::Shard;
 use ple_core::stats::Counters;
@@ -62,7 +63,7 @@ impl PerToken {
 /// Runs the rank's `steps` steps again on the whole table (options `opts` but the shard, and N
 /// times the row cache) and prints both runs' per-token figures and their ratio.
 pub(super) fn whole_beside_shard(
-    a: &BenchArgs,
+    a: &SteadyArgs,
     opts: &OpenOptions,
     steps: u64,
     rank: PerToken,
@@ -75,10 +76,10 @@ pub(super) fn whole_beside_shard(
     };
     let p = Pipeline::open(&a.table_dir, whole_opts)?;
     // (MMAP: the rank's run left its heads' pages cached; the whole run starts from none)
-    crate::bench::memory::evict(&[p.table().bytes()], p.table().file());
+    crate::commands::bench::memory::evict(&[p.table().bytes()], p.table().file());
     let meta = p.table().meta();
     // the same workload, so the same steps (it is deterministic)
-    let mut wl = Workload::new(&a.steady, meta.hash.vocab_size, meta.hash.eos_token_id)?;
+    let mut wl = Workload::new(&a.opts, meta.hash.vocab_size, meta.hash.eos_token_id)?;
     let (c0, mut st, mut tokens) = (p.counters(), Step::default(), 0u64);
     for seq in 1..=steps {
         wl.step(&mut st);

@@ -246,7 +246,7 @@ fn open_modes<'a>(ctx: &'a Ctx, c: &mut Cold) -> Result<Modes<'a>> {
     let with = |f: &dyn Fn(&mut ple_core::step::OpenOptions)| {
         let mut o = ctx.opts.clone();
         f(&mut o);
-        Pipeline::open(&ctx.a.table_dir, o)
+        Pipeline::open(ctx.a.dir(), o)
     };
     let direct = match with(&|o| o.io_mode = IoMode::Direct) {
         Ok(d) => {

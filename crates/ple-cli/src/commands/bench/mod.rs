@@ -17,25 +17,136 @@
 //! through io_uring at QD 1/64/128, 512 B and 4 KiB, beside fio's figures; (e) the seed
 //! deployment's method on the same cold decode rows: a `posix_fadvise(WILLNEED)` per distinct page,
 //! then the gather, from a MADV_RANDOM mapping.
+//!
+//! `ple bench <table_dir> --engine` runs the engine loop instead ([`engine`]); `ple bench steady`
+//! is the serving workload at steady state ([`steady`]).
 
 mod cold;
 mod cpu_split;
-pub(crate) mod engine;
+mod engine;
 mod floor;
 pub(crate) mod memory;
 mod report;
+pub mod steady;
 pub(crate) mod steps;
 mod warm;
 
-use crate::cli::BenchArgs;
+use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches, Subcommand};
 use ple_core::error::Result;
 use ple_core::format::table::TableMeta;
 use ple_core::stats;
 use ple_core::step::{IoMode, OpenOptions, Pipeline};
 use ple_testkit::corpus::Corpus;
 use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use steps::{Shape, Step, ids_of, make_steps};
+
+/// `ple bench <table_dir> [--json FILE]`, `ple bench <table_dir> --engine`, `ple bench steady ...`
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub cmd: Option<BenchCmd>,
+    #[arg(required = true)]
+    pub table_dir: Option<PathBuf>,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Repetitions of each measured step shape (more: steadier percentiles, longer run).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Gather threads of the handle (0 = number of CPUs).
+    #[arg(long, default_value_t = 0)]
+    pub threads: u32,
+    /// Skip the cold (page cache evicted) measurements.
+    #[arg(long)]
+    pub warm_only: bool,
+    #[command(flatten)]
+    pub engine: engine::EngineArgs,
+    #[command(flatten)]
+    pub old_steady: OldSteady,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// A serving workload at steady state through the row cache, beside exact LRU references
+    /// (row cache sizing).
+    Steady(steady::SteadyArgs),
+}
+
+impl BenchArgs {
+    /// The table: clap requires it unless a subcommand is given, and [`run`] runs the
+    /// subcommand first.
+    pub(crate) fn dir(&self) -> &Path {
+        self.table_dir
+            .as_deref()
+            .expect("clap requires <TABLE_DIR> without a subcommand")
+    }
+}
+
+/// The old spelling of `ple bench steady`: `ple bench <table_dir> --steady [options]`. Its
+/// options are accepted here but not listed in `ple bench --help`.
+#[derive(Debug, Clone)]
+pub struct OldSteady {
+    steady: bool,
+    opts: steady::SteadyOptions,
+}
+
+impl FromArgMatches for OldSteady {
+    fn from_arg_matches(m: &ArgMatches) -> std::result::Result<Self, clap::Error> {
+        Ok(OldSteady {
+            steady: m.get_flag("steady"),
+            opts: steady::SteadyOptions::from_arg_matches(m)?,
+        })
+    }
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> std::result::Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for OldSteady {
+    fn augment_args(cmd: Command) -> Command {
+        let opts = steady::SteadyOptions::augment_args(Command::new("steady"));
+        cmd.arg(
+            Arg::new("steady")
+                .long("steady")
+                .action(ArgAction::SetTrue)
+                .hide(true),
+        )
+        .args(opts.get_arguments().map(|a| a.clone().hide(true)))
+    }
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// Runs `ple bench`: the subcommand, the engine loop, the old `--steady` spelling, or the step
+/// shapes.
+pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(BenchCmd::Steady(s)) = &a.cmd {
+        return steady::run(s);
+    }
+    if a.engine.engine {
+        return engine::run(&a);
+    }
+    if a.old_steady.steady {
+        eprintln!("ple: `ple bench <table_dir> --steady` is now `ple bench steady <table_dir>`");
+        return steady::run(&steady::SteadyArgs {
+            table_dir: a.dir().to_path_buf(),
+            json: a.json.clone(),
+            threads: a.threads,
+            opts: a.old_steady.opts.clone(),
+        });
+    }
+    if a.old_steady.opts.shard.is_some() {
+        return ple_core::invalid!(
+            "--shard runs with the serving workload: `ple bench steady` (formerly --steady)"
+        );
+    }
+    run_shapes(&a)
+}
 
 /// What every phase of the bench shares.
 pub(crate) struct Ctx<'a> {
@@ -105,7 +216,7 @@ fn setup(a: &BenchArgs) -> Result<Ctx<'_>> {
         cache_bytes: 0,
         ..OpenOptions::default()
     };
-    let p = Pipeline::open(&a.table_dir, opts.clone())?;
+    let p = Pipeline::open(a.dir(), opts.clone())?;
     let meta = p.table().meta().clone();
     let eos = meta.hash.eos_token_id;
     let corpus = Corpus::new(meta.hash.vocab_size, eos);
@@ -171,14 +282,15 @@ fn setup(a: &BenchArgs) -> Result<Ctx<'_>> {
     })
 }
 
-pub fn run(a: &BenchArgs) -> Result<()> {
+/// The step shapes, warm and cold, against the baselines.
+fn run_shapes(a: &BenchArgs) -> Result<()> {
     let t_start = Instant::now();
     let ctx = setup(a)?;
     let ra_kb = ple_core::sys::read_ahead_kb(ctx.p.table().rows_path());
     println!(
         "ple bench: {} ({} rows × {} B {}, {:.2} GiB), {} pool threads, {} CPUs, MemAvailable \
          {:.1} GiB, device read_ahead_kb {}",
-        a.table_dir.display(),
+        a.dir().display(),
         ctx.meta.total_rows,
         ctx.rb,
         ctx.meta.row_format.name(),
@@ -208,7 +320,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if let Some(path) = &a.json {
         let j = json!({
             "table": {
-                "dir": a.table_dir.display().to_string(), "format": ctx.meta.row_format.name(),
+                "dir": a.dir().display().to_string(), "format": ctx.meta.row_format.name(),
                 "row_bytes": ctx.rb, "total_rows": ctx.meta.total_rows,
                 "file_bytes": ctx.file_bytes,
             },
