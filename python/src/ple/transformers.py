@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -33,10 +33,15 @@ except ImportError as e:  # pragma: no cover
     ) from e
 
 from ._lib import PLE_EMBED_DIM, PLE_NUM_HEADS
-from .table import Table, pack
+from ._pack import pack
+from .step import Step
+from .table import Table
 
 NGramEmbedding = _qwen4.Qwen4ExpTextNGramEmbedding
 __all__ = ["OffloadedNGramEmbedding", "offload", "from_pretrained", "NGramEmbedding"]
+
+# a submitted step with the first and end token of the batch it holds
+_Submitted = Tuple[Step, int, int]
 
 # libple serves one PLE layer per table (the model's hash parameters of one ple_layer_index)
 MAX_PLE_LAYERS = 1
@@ -66,7 +71,7 @@ class OffloadedNGramEmbedding(torch.nn.Module):
         self._cuda_device = cuda_device
         self._max_tokens = table.max_tokens_per_step
         self._in_flight = max(1, table.max_in_flight)
-        self._ahead: Optional[tuple] = None  # (history, steps) submitted by `prefetch`
+        self._ahead: Optional[Tuple[np.ndarray, List[_Submitted]]] = None  # submitted by `prefetch`
         self._prefetch_hook: Any = None
 
     def extra_repr(self) -> str:
@@ -130,7 +135,7 @@ class OffloadedNGramEmbedding(torch.nn.Module):
                 self._lookup(history, flat, stream)
         return out if out.device == dev else out.to(dev)
 
-    def _submit(self, history: np.ndarray):
+    def _submit(self, history: np.ndarray) -> Iterator[_Submitted]:
         """Submits the rows of `history[:, k:]` (row-major) in steps of at most
         max_tokens_per_step tokens; yields `(step, first_token, end_token)` as each is submitted.
         Each row is one request in stateless mode; a step starting inside a row takes its context
@@ -158,7 +163,7 @@ class OffloadedNGramEmbedding(torch.nn.Module):
     def _lookup(self, history: np.ndarray, out: "torch.Tensor", stream: Any) -> None:
         """All rows into `out`; a step is dequantised once the ring is full, so the next one is
         gathered meanwhile."""
-        pending: deque = deque()
+        pending: Deque[_Submitted] = deque()
         for item in self._submit(history):
             pending.append(item)
             if len(pending) >= self._in_flight:
@@ -167,7 +172,7 @@ class OffloadedNGramEmbedding(torch.nn.Module):
             self._consume(pending.popleft(), out, stream)
 
     @staticmethod
-    def _consume(item: tuple, out: "torch.Tensor", stream: Any) -> None:
+    def _consume(item: _Submitted, out: "torch.Tensor", stream: Any) -> None:
         step, start, end = item
         if stream is None:
             step.dequant_cpu(out[start:end])
@@ -222,17 +227,17 @@ def table_hash_params(table: Table) -> Dict[str, Any]:
     multiplier modulo every head size (one 1 in the window); the multipliers follow by the
     Chinese remainder theorem over the head sizes (exact when their product exceeds 2**63)."""
     i = table.info
-    k = i["ngram_size"] - 1
-    if k != 2 or i["num_heads"] != PLE_NUM_HEADS:
+    k = i.ngram_size - 1
+    if k != 2 or i.num_heads != PLE_NUM_HEADS:
         return {}  # other shapes are refused on ngram_size / num_heads before these are compared
-    hpn = i["num_heads"] // k
+    hpn = i.num_heads // k
     probes = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]  # (token, ctx1, ctx2)
     toks = [p[0] for p in probes]
     ctx = [c for p in probes for c in (p[2], p[1])]  # oldest first
     ids = table.ngram_ids(toks, [k] * len(probes), request_ids=range(len(probes)),
                           query_start=range(len(probes) + 1), context=ctx).astype(object)  # fmt: skip
     offsets = [int(x) for x in ids[0]]
-    sizes = [offsets[h + 1] - offsets[h] for h in range(len(offsets) - 1)] + [i["addressed_rows"] - offsets[-1]]
+    sizes = [offsets[h + 1] - offsets[h] for h in range(len(offsets) - 1)] + [i.addressed_rows - offsets[-1]]
     res = [[int(ids[j][h]) - offsets[h] for h in range(len(offsets))] for j in (1, 2, 3)]
     heads = [range(len(sizes)), range(len(sizes)), range(hpn, len(sizes))]  # m2 only reaches trigram heads
     mults = []
@@ -253,12 +258,12 @@ def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
     i = table.info
     emb = module.ngram_embedding
     want = [
-        ("vocab_size", i["vocab_size"], module.unigram_vocab_size),
-        ("eos_token_id", i["eos_token_id"], int(module.eos_token_id)),
-        ("ngram_size", i["ngram_size"], module.ngram_size),
-        ("num_heads", i["num_heads"], module.ngram_heads),
-        ("head_dim", i["head_dim"], emb.embedding_dim),
-        ("ple_embed_dim", i["num_heads"] * i["head_dim"], module.ngram_heads * emb.embedding_dim),
+        ("vocab_size", i.vocab_size, module.unigram_vocab_size),
+        ("eos_token_id", i.eos_token_id, int(module.eos_token_id)),
+        ("ngram_size", i.ngram_size, module.ngram_size),
+        ("num_heads", i.num_heads, module.ngram_heads),
+        ("head_dim", i.head_dim, emb.embedding_dim),
+        ("ple_embed_dim", i.num_heads * i.head_dim, module.ngram_heads * emb.embedding_dim),
         ("ple_embed_dim (libple's)", PLE_EMBED_DIM, module.ngram_heads * emb.embedding_dim),
     ]
     for field, tv, mv in want:
@@ -266,7 +271,7 @@ def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
             raise ValueError(f"{table.path}: {field} differs: table {tv}, model ({name}) {mv}")
     got = table_hash_params(table)
     if not got:  # libple opens only the model's shape; a table that is not cannot be compared
-        raise ValueError(f"{table.path}: ngram_size {i['ngram_size']} / num_heads {i['num_heads']}: not served")
+        raise ValueError(f"{table.path}: ngram_size {i.ngram_size} / num_heads {i.num_heads}: not served")
     sizes = [int(x) for x in _buffer_values(module, "ngram_heads_vocab_sizes")]
     offsets = [int(x) for x in _buffer_values(module, "ngram_heads_offsets")]
     for field, mv in (("ngram_heads_vocab_sizes", sizes), ("ngram_heads_offsets", offsets)):
@@ -279,9 +284,9 @@ def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
                 f"{table.path}: layer_multipliers differ (hash seed or ple_layer_index): table "
                 f"{got['layer_multipliers']}, model ({name}) {mults} (first at index {j})"
             )
-    if i["total_rows"] != emb.num_embeddings:  # the same heads, other padding
+    if i.total_rows != emb.num_embeddings:  # the same heads, other padding
         raise ValueError(
-            f"{table.path}: total_rows differs: table {i['total_rows']}, model ({name}) {emb.num_embeddings}"
+            f"{table.path}: total_rows differs: table {i.total_rows}, model ({name}) {emb.num_embeddings}"
         )
 
 
@@ -353,7 +358,7 @@ class _WeightNotLoaded(torch.nn.Module):
 _SHARD_KEYS = r"ngram_embedding\.(weight\w*|shard_\d+\.\w+)$"
 
 
-def _without_ngram_weight(cls: type) -> type:
+def _without_ngram_weight(cls: Any) -> Any:  # a transformers model class (Any to mypy)
     """A subclass of `cls` whose instances swap each n-gram module's ``nn.Embedding`` for a
     `_WeightNotLoaded` right after construction (on the meta device, inside from_pretrained),
     and ignore the checkpoint's n-gram tensors."""
