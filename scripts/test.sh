@@ -121,7 +121,9 @@ PLE_NO_BUILD=1 scripts/build-wheel.sh "$work/wheels" >/dev/null
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "$work"/wheels/ple-*.whl \
   "pytest>=7" "ml_dtypes>=0.4"
+# PLE_CUDA_EMU: test_gpu_emulated.py runs the GPU calls on the emulated driver built above
 (cd "$work" && env -i PATH=/usr/bin:/bin HOME="$work" PLE_BIN="$prefix/bin/ple" PLE_EXPECT_INSTALLED=1 \
+  PLE_CUDA_EMU="$tdir/cuda-emu/libcuda.so.1" \
   "$work/venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/python/tests")
 env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv/bin/python" examples/python/vllm_style.py \
   "$work/examples/example-table" >/dev/null

@@ -35,6 +35,7 @@ except ImportError as e:  # pragma: no cover
 from ._lib import PLE_EMBED_DIM, PLE_NUM_HEADS
 from ._pack import pack
 from .step import Step
+from ._types import PathLike
 from .table import Table
 
 NGramEmbedding = _qwen4.Qwen4ExpTextNGramEmbedding
@@ -91,7 +92,15 @@ class OffloadedNGramEmbedding(torch.nn.Module):
         """Submits the lookup of `input_ids` ahead of `forward` (a pre-hook on an earlier decoder
         layer calls it), so libple gathers while that layer computes. `forward` uses these steps
         only if it is called with the same tokens and context, else releases them; inputs that
-        need more steps than the ring holds are not prefetched."""
+        need more steps than the ring holds are not prefetched.
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor, optional
+            ``[batch, seq]`` the tokens `forward` will get (None or empty: nothing is prefetched).
+        past_key_values : transformers.Cache, optional
+            The cache `forward` will get (its conv state 2 is the n-gram context).
+        """
         self._release_ahead()
         if input_ids is None or input_ids.numel() == 0:
             return
@@ -107,6 +116,22 @@ class OffloadedNGramEmbedding(torch.nn.Module):
                 step.release()
 
     def forward(self, input_ids: "torch.Tensor", past_key_values: Any) -> "torch.Tensor":
+        """The n-gram embeddings of `input_ids`, as the replaced module computes them, and the
+        module's cache update.
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor
+            ``[batch, seq]`` token ids.
+        past_key_values : transformers.Cache, optional
+            The model's cache: its conv state 2 holds the n-gram context and is updated.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[batch, seq, ple_embed_dim]`` in the module's dtype, on `input_ids`' device (fused
+            on the table's CUDA device, else dequantised on the CPU and copied).
+        """
         input_ids = input_ids.long()
         k = self.context_len
         history = self._history(input_ids, past_key_values)
@@ -225,7 +250,20 @@ def table_hash_params(table: Table) -> Dict[str, Any]:
     """The hash parameters the table computes with, read back through `ngram_ids`: probes at
     position k with stateless context give the head offsets (all-zero window), and each
     multiplier modulo every head size (one 1 in the window); the multipliers follow by the
-    Chinese remainder theorem over the head sizes (exact when their product exceeds 2**63)."""
+    Chinese remainder theorem over the head sizes (exact when their product exceeds 2**63).
+
+    Parameters
+    ----------
+    table : Table
+        The open table.
+
+    Returns
+    -------
+    dict
+        ``ngram_heads_offsets``, ``ngram_heads_vocab_sizes``, ``layer_multipliers`` (an int, or
+        ``"x (mod m)"`` where the head sizes do not pin it down), and the residues behind them;
+        empty for a shape libple does not serve.
+    """
     i = table.info
     k = i.ngram_size - 1
     if k != 2 or i.num_heads != PLE_NUM_HEADS:
@@ -254,7 +292,22 @@ def table_hash_params(table: Table) -> Dict[str, Any]:
 
 
 def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
-    """Raises ValueError naming the first field where the table and the module disagree."""
+    """Checks that the table serves the module: its shape and its hash parameters.
+
+    Parameters
+    ----------
+    table : Table
+        The open table.
+    module : Qwen4ExpTextNGramEmbedding
+        The model's n-gram module.
+    name : str, default "n-gram module"
+        The module's name in messages.
+
+    Raises
+    ------
+    ValueError
+        Naming the first field where the table and the module disagree, with both values.
+    """
     i = table.info
     emb = module.ngram_embedding
     want = [
@@ -294,12 +347,34 @@ def _ngram_modules(model: Any) -> List[Tuple[str, Any]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, NGramEmbedding)]
 
 
-def offload(model: Any, table_dir: Any, **table_options: Any) -> Any:
+def offload(model: Any, table_dir: PathLike, **table_options: Any) -> Any:
     """Replaces the model's ``Qwen4ExpTextNGramEmbedding`` with an `OffloadedNGramEmbedding`
-    reading `table_dir` (opened as ``ple.Table(table_dir, **table_options)``; `cuda_device`
-    defaults to the module's CUDA device, if any). The table is validated against the module
-    first: any mismatch raises ValueError naming the field and both values, and the model is left
-    unchanged. Returns the model."""
+    reading `table_dir`. The table is validated against the module first; on a mismatch the
+    model is left unchanged.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A Qwen4Exp model holding one n-gram module.
+    table_dir : str or os.PathLike
+        The packed table.
+    **table_options
+        `ple.Table` options (`TableOptions`); ``cuda_device`` defaults to the module's CUDA
+        device, if any.
+
+    Returns
+    -------
+    transformers.PreTrainedModel
+        `model`, changed in place.
+
+    Raises
+    ------
+    ValueError
+        The model holds no n-gram module or more than one, or the table differs from the module
+        (the message names the field and both values).
+    PleError
+        The table does not open (`PleNotFoundError`, `PleFormatError`, ...).
+    """
     found = _ngram_modules(model)
     if not found:
         raise ValueError(f"{type(model).__name__} holds no Qwen4ExpTextNGramEmbedding: nothing to offload")
@@ -390,25 +465,48 @@ def _progress_bar() -> Any:
 
 
 def from_pretrained(
-    checkpoint_dir: Any,
-    table_dir: Any = None,
+    checkpoint_dir: PathLike,
+    table_dir: Optional[PathLike] = None,
     *,
     model_class: Any = None,
     table_options: Optional[Dict[str, Any]] = None,
     progress: bool = True,
     **kwargs: Any,
 ) -> Any:
-    """Loads a Qwen4Exp checkpoint (a local directory) with transformers without the n-gram
-    weight, packs its n-gram table into `table_dir` (default ``<checkpoint_dir>/ple-table``) when
-    that holds no table of this checkpoint yet (a progress bar while it packs), and offloads.
+    """Loads a Qwen4Exp checkpoint with transformers without the n-gram weight, packs its n-gram
+    table when `table_dir` holds no table of this checkpoint yet, and offloads (`offload`).
 
     The model is built by transformers on the meta device as usual; the n-gram module's
     ``nn.Embedding`` is replaced before loading by a stand-in without parameters, and the
     checkpoint's ``ngram_embedding.shard_*`` tensors are ignored keys, so they are never read.
-    `model_class` defaults to the class ``AutoModelForCausalLM`` picks for the config; `kwargs`
-    go to its ``from_pretrained`` (``dtype``, ``device_map``, ...); `table_options` to
-    ``ple.Table``. The table is opened with ``checkpoint_dir`` set, so a table packed from another
-    checkpoint is refused."""
+    The table is opened with ``checkpoint_dir`` set, so a table packed from another checkpoint
+    is refused.
+
+    Parameters
+    ----------
+    checkpoint_dir : str or os.PathLike
+        The checkpoint (a local directory).
+    table_dir : str or os.PathLike, optional
+        Where the table is (or is packed to); default ``<checkpoint_dir>/ple-table``.
+    model_class : type, optional
+        The model class; default the one ``AutoModelForCausalLM`` picks for the config.
+    table_options : dict, optional
+        `ple.Table` options (`TableOptions`).
+    progress : bool, default True
+        A progress bar while it packs.
+    **kwargs
+        Passed to the class's ``from_pretrained`` (``dtype``, ``device_map``, ...).
+
+    Returns
+    -------
+    transformers.PreTrainedModel
+        The model, its n-gram module served by libple.
+
+    Raises
+    ------
+    ValueError, PleError
+        As in `offload`, and `ple.pack`'s errors.
+    """
     checkpoint_dir = os.fspath(checkpoint_dir)
     table_dir = os.path.join(checkpoint_dir, "ple-table") if table_dir is None else os.fspath(table_dir)
     if model_class is None:
