@@ -269,3 +269,33 @@ def test_gpu_calls_on_a_cpu_handle_raise_cuda_unavailable(tdir):
     except OSError:  # no CUDA driver: a GPU handle is refused
         with pytest.raises(ple.PleCudaUnavailableError):
             ple.Table(tdir, cuda_device=0)
+
+
+def _public_callables():
+    import inspect
+
+    for n in ple.__all__:
+        o = getattr(ple, n)
+        if inspect.isfunction(o):
+            yield n, o
+        elif inspect.isclass(o) and not issubclass(o, BaseException):
+            for m, f in vars(o).items():
+                if not m.startswith("_") and inspect.isfunction(f):
+                    yield f"{n}.{m}", f
+
+
+def test_public_functions_have_numpydoc_sections():
+    import inspect
+
+    seen, missing = 0, []
+    for name, f in _public_callables():
+        seen += 1
+        doc = inspect.getdoc(f) or ""
+        sig = inspect.signature(f)
+        if not doc:
+            missing.append((name, "docstring"))
+        if [p for p in sig.parameters if p not in ("self", "cls")] and "Parameters\n----------" not in doc:
+            missing.append((name, "Parameters"))
+        if sig.return_annotation not in ("None", None, inspect.Signature.empty) and "Returns\n-------" not in doc:
+            missing.append((name, "Returns"))
+    assert seen >= 20 and not missing, missing

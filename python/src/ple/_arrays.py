@@ -4,8 +4,8 @@ tensors, anything with ``__cuda_array_interface__``), and CUDA stream handles.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence, Tuple, cast
 
 import numpy as np

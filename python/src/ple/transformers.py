@@ -34,8 +34,8 @@ except ImportError as e:  # pragma: no cover
 
 from ._lib import PLE_EMBED_DIM, PLE_NUM_HEADS
 from ._pack import pack
-from .step import Step
 from ._types import PathLike
+from .step import Step
 from .table import Table
 
 NGramEmbedding = _qwen4.Qwen4ExpTextNGramEmbedding
