@@ -233,6 +233,16 @@ def test_log_messages_reach_the_ple_logger(tdir):
         assert any(level == 4 and "shard_count" in m for level, m in seen), seen
         with pytest.raises(ValueError, match="max_level"):
             ple.set_log_callback(print, "loud")  # type: ignore[arg-type]
+
+        def broken(level, msg):
+            raise RuntimeError("a broken callback")
+
+        ple.set_log_callback(broken, "debug")  # its exception goes to the "ple" logger, not into libple
+        with pytest.raises(ple.PleError):
+            ple.Table(tdir, shard_count=18)
+        hits = _wait_for(records, "ple log callback failed")
+        assert hits and hits[0].levelno == logging.ERROR and "shard_count" in hits[0].getMessage()
+        assert hits[0].exc_info[0] is RuntimeError
     finally:
         ple.log_to_python(None)
         logger.removeHandler(h)
