@@ -96,8 +96,12 @@ def test_real_failures_raise_the_matching_builtin(tdir, tmp_path):
         with pytest.raises(TimeoutError) as e:
             t.submit(**TWO)
         assert type(e.value) is ple.PleTimeoutError and e.value.status == ple.Status.TIMEOUT
+        # release waits for its step up to the same 1 ms: wait for it first (a slow machine)
+        first.wait(10_000_000)
         first.release()
-        t.submit(**TWO).release()  # the slot is free again
+        again = t.submit(**TWO)  # the slot is free again
+        again.wait(10_000_000)
+        again.release()
 
 
 def test_a_closed_table_raises_the_state_error(tdir):
