@@ -40,27 +40,28 @@ class TableInfo(_FieldMapping[Union[int, float, str]]):
     format : {"nvfp4", "fp8", "bf16"}
         The row format.
     row_bytes : int
-        Bytes of one packed row (90 for NVFP4).
+        Bytes per row (90, 160 or 320).
     total_rows, addressed_rows : int
-        Rows in the file; rows the hash addresses.
+        Rows in the file (padded); rows the hash can address (the sum of the head sizes).
     num_heads, head_dim, ngram_size, vocab_size, eos_token_id : int
-        The model's shape.
+        The model's shape (16 heads of 160 elements, n-gram order 3) and its EOS / BOS id.
     global_scale : float
-        NVFP4's global scale (1.0 for other formats).
+        The global dequantisation scale (1.0 for bf16).
     file_size : int
         Bytes of the row file.
     device_wait_supported : bool
-        Whether the handle's GPU side can wait on the device.
+        Whether device-side waiting is available on the handle's GPU.
     source_name, source_fingerprint : str
-        The checkpoint the table was packed from.
+        The source checkpoint's name and the hex fingerprint of its index and shard headers.
     io_mode : {"mmap", "direct"}
         The I/O mode the handle opened with (``"auto"`` resolved).
     io_backend : {"mmap", "io_uring", "pread_pool"}
         How it reads.
     cache_bytes : int
-        The row cache's capacity (0: none).
+        Bytes of the handle's row cache (`PLE_CACHE_AUTO` resolved; 0: none).
     shard_index, shard_count, shard_first_head, shard_heads : int
-        The head shard the handle reads (0, 1, 0, 16 for the whole table).
+        The head shard served and its heads ``[shard_first_head, + shard_heads)``: 0 of 1, heads
+        0..16 for the whole table. `total_rows` and `file_size` are the open file's.
     """
 
     format: TableFormat

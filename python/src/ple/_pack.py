@@ -45,8 +45,8 @@ def pack(
     PleNotFoundError
         `checkpoint_dir` does not exist.
     PleError
-        libple refused or failed (`PleFormatError` for a malformed checkpoint, `PleIOError`,
-        `PleStateError` for a table of another checkpoint without `force`, ...).
+        libple refused or failed (`PleFormatError` for a malformed checkpoint or for a table of
+        another checkpoint already in `out_dir` without `force`, `PleIOError`, ...).
     """
     o = ple_pack_options()
     check(lib.ple_pack_options_default(ctypes.byref(o)))

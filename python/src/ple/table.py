@@ -299,7 +299,8 @@ class Table:
         PleInvalidArgumentError
             A batch libple refuses (a token outside the vocabulary, a position repeated, ...).
         PleStateError
-            A full ring under ``ring_full_policy="error"``, a reused seq, or a closed table.
+            A full ring under ``ring_full_policy="error"``, a `seq` not above the last one
+            submitted, or a closed table.
         PleTimeoutError
             A full ring that did not free a slot in ``wait_timeout_us``.
         """
