@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Mapping, Tuple, TypeVar, Union, cast
+from typing import Any, Dict, Iterator, List, Mapping, Optional, TypeVar, Union, cast
 
 from ._types import IoBackend, OpenIoMode, TableFormat
 
@@ -16,8 +16,13 @@ V = TypeVar("V", covariant=True)
 class _FieldMapping(Mapping[str, V]):
     """Mapping access to a dataclass's fields, in declaration order."""
 
-    def _names(self) -> Tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cast(Any, self)))
+    def _names(self) -> Dict[str, None]:
+        cls = type(self)
+        names: Optional[Dict[str, None]] = cls.__dict__.get("_field_names")
+        if names is None:  # once per class (dataclasses.fields is slow); a dict keeps the order
+            names = dict.fromkeys(f.name for f in dataclasses.fields(cast(Any, self)))
+            setattr(cls, "_field_names", names)
+        return names
 
     def __getitem__(self, key: str) -> V:
         if key not in self._names():
