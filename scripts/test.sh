@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite (README command 2). Installs its own prerequisites on a fresh Debian machine
-# (cmake, valgrind from Debian packages; numpy, ml_dtypes, safetensors, the CUDA compiler wheels from
-# PyPI), then: format and lint checks, Rust tests (incl. header drift and the Python oracles), the
-# CUDA kernels compiled for real, install into a temporary prefix, the C tests and examples built
-# through find_package(ple) and run under ctest: plain, with ASan + UBSan, and under valgrind.
+# (cmake, valgrind from Debian packages; numpy, ml_dtypes, safetensors, mypy, the CUDA compiler wheels
+# from PyPI), then: format and lint checks, the Python package's types (mypy), Rust tests (incl.
+# header drift and the Python oracles), the CUDA kernels compiled for real, install into a
+# temporary prefix, the C tests and examples built through find_package(ple) and run under ctest:
+# plain, with ASan + UBSan, and under valgrind.
 # Then the engine examples, and the Python wheel: its tests in a fresh venv without torch, then
 # beside torch and transformers (scripts/torch-venv.sh) for ple.transformers.
 set -euo pipefail
@@ -31,6 +32,9 @@ export CI=${CI:-true}   # the Rust tests fail (not skip) when an oracle's Python
 step "format and lint"
 cargo fmt --check
 cargo clippy --release --all-targets -- -D warnings
+
+step "Python types: mypy (strict) over python/src/ple, configured in python/pyproject.toml"
+(cd python && python3 -m mypy)
 
 step "Rust tests (unit, integration, header drift, Python oracles)"
 # the faultfs tests (FUSE fault injection) are required where /dev/fuse exists, skipped elsewhere
@@ -117,7 +121,9 @@ PLE_NO_BUILD=1 scripts/build-wheel.sh "$work/wheels" >/dev/null
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "$work"/wheels/ple-*.whl \
   "pytest>=7" "ml_dtypes>=0.4"
+# PLE_CUDA_EMU: test_gpu_emulated.py runs the GPU calls on the emulated driver built above
 (cd "$work" && env -i PATH=/usr/bin:/bin HOME="$work" PLE_BIN="$prefix/bin/ple" PLE_EXPECT_INSTALLED=1 \
+  PLE_CUDA_EMU="$tdir/cuda-emu/libcuda.so.1" \
   "$work/venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/python/tests")
 env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv/bin/python" examples/python/vllm_style.py \
   "$work/examples/example-table" >/dev/null

@@ -11,12 +11,12 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
-from . import PleError, Table, version
+from . import PleError, Table, TableOptions, version
 
 
-def _shard_of(table_dir: str):
+def _shard_of(table_dir: str) -> Optional[Dict[str, int]]:
     """The `shard` record of a libple shard table's table.json, else None."""
     try:
         with open(os.path.join(table_dir, "table.json"), "rb") as f:
@@ -24,14 +24,17 @@ def _shard_of(table_dir: str):
     except (OSError, ValueError):
         return None  # no libple metadata (or unreadable): opening reports it
     s = meta.get("shard") if isinstance(meta, dict) else None
-    return s if isinstance(s, dict) and {"index", "count", "first_row", "whole_total_rows"} <= s.keys() else None
+    keys = ("index", "count", "first_row", "whole_total_rows")
+    if not isinstance(s, dict) or not all(isinstance(s.get(k), int) for k in keys):
+        return None
+    return {k: s[k] for k in keys}
 
 
 def _inspect(a: argparse.Namespace) -> int:
-    opts = {"config_json_path": a.config, "checkpoint_dir": a.checkpoint}
+    opts: TableOptions = {"config_json_path": a.config, "checkpoint_dir": a.checkpoint}
     shard = _shard_of(a.table_dir)
     if shard is not None:  # a shard table opens only as its own shard
-        opts.update(shard_index=shard["index"], shard_count=shard["count"])
+        opts["shard_index"], opts["shard_count"] = shard["index"], shard["count"]
     try:
         with Table(a.table_dir, **opts) as t:
             i = t.info
@@ -51,9 +54,9 @@ def _inspect(a: argparse.Namespace) -> int:
     print(f"format:       {i['format']} ({i['row_bytes']} B/row)")
     print(f"rows:         {i['total_rows']}, {i['addressed_rows']} addressed by the hash")
     if shard is not None:
-        h0, h1 = i["shard_first_head"], i["shard_first_head"] + i["shard_heads"]
+        h0, h1 = i.shard_first_head, i.shard_first_head + i.shard_heads
         print(f"head shard:   {shard['index']}/{shard['count']}: heads {h0}..{h1}, the whole table's rows "
-              f"{shard['first_row']}..{shard['first_row'] + i['total_rows']} (of {shard['whole_total_rows']})")
+              f"{shard['first_row']}..{shard['first_row'] + i.total_rows} (of {shard['whole_total_rows']})")
     print(f"heads:        {i['num_heads']} × {i['head_dim']} elements, ngram_size {i['ngram_size']}")
     print(f"tokens:       vocab_size {i['vocab_size']}, eos {i['eos_token_id']}")
     print(f"global scale: {i['global_scale']}")

@@ -4,12 +4,20 @@ tensors, anything with ``__cuda_array_interface__``), and CUDA stream handles.""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
 from ._lib import DTYPE_BF16, DTYPE_F16, DTYPE_F32, PLE_EMBED_DIM
+from ._types import ArrayLike, CudaArrayInterface, DeviceOutput, HostOutput, StreamLike, TensorLike
+
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 10):
+        from typing import TypeGuard
+    else:
+        from typing_extensions import TypeGuard
 
 _DTYPE_BY_NAME = {
     "float32": DTYPE_F32, "f32": DTYPE_F32, "torch.float32": DTYPE_F32, "<f4": DTYPE_F32,
@@ -19,7 +27,7 @@ _DTYPE_BY_NAME = {
 ITEMSIZE = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2}
 
 
-def dtype_code(dtype: Any) -> int:
+def dtype_code(dtype: object) -> int:
     """The `PLE_DTYPE_*` code of a numpy/torch dtype or a name ("f32", "float16", "bf16", ...)."""
     if isinstance(dtype, str):
         name = dtype
@@ -27,7 +35,7 @@ def dtype_code(dtype: Any) -> int:
         name = str(dtype)  # torch.float32, ...
     else:
         try:
-            name = np.dtype(dtype).name  # numpy dtypes and scalar types, ml_dtypes.bfloat16
+            name = np.dtype(dtype).name  # type: ignore[call-overload]  # numpy dtypes and scalar types, ml_dtypes.bfloat16
         except TypeError:
             name = str(dtype)
     try:
@@ -36,11 +44,11 @@ def dtype_code(dtype: Any) -> int:
         raise TypeError(f"output dtype {dtype!r} is not float32, float16 or bfloat16") from None
 
 
-def _is_torch(x: Any) -> bool:
+def _is_torch(x: object) -> "TypeGuard[TensorLike]":
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
 
 
-def host_input(x: Any, dtype: type, name: str) -> np.ndarray:
+def host_input(x: ArrayLike, dtype: type, name: str) -> np.ndarray:
     """A 1-D C-contiguous array of `dtype` over `x`: the caller's memory when it already has that
     layout (numpy arrays, CPU torch tensors through DLPack), else a converted copy."""
     if isinstance(x, np.ndarray):
@@ -49,7 +57,7 @@ def host_input(x: Any, dtype: type, name: str) -> np.ndarray:
         dev = getattr(x, "device", None)
         if dev is not None and getattr(dev, "type", "cpu") != "cpu":
             raise TypeError(f"{name} must be on the CPU (got a tensor on {dev})")
-        a = np.from_dlpack(x.detach() if _is_torch(x) else x)
+        a = np.from_dlpack(x.detach() if _is_torch(x) else x)  # type: ignore[attr-defined,arg-type]
     else:
         a = np.asarray(x)
     if a.ndim != 1:
@@ -69,7 +77,9 @@ class OutDesc:
     dtype: int
 
 
-def _desc(ptr: int, shape: tuple, strides_el: Optional[tuple], dtype: int, what: str) -> OutDesc:
+def _desc(
+    ptr: int, shape: Sequence[int], strides_el: Optional[Tuple[int, ...]], dtype: int, what: str
+) -> OutDesc:
     if len(shape) == 1:
         if shape[0] % PLE_EMBED_DIM:
             raise ValueError(f"{what}: 1-D output of {shape[0]} elements is not whole rows of {PLE_EMBED_DIM}")
@@ -87,7 +97,7 @@ def _desc(ptr: int, shape: tuple, strides_el: Optional[tuple], dtype: int, what:
     return OutDesc(ptr, rows, max(row_stride, PLE_EMBED_DIM), dtype)
 
 
-def host_output(out: Any) -> OutDesc:
+def host_output(out: HostOutput) -> OutDesc:
     """Describes a writable host output: a numpy array or a CPU torch tensor."""
     if _is_torch(out):
         if out.device.type != "cpu":
@@ -104,7 +114,7 @@ def host_output(out: Any) -> OutDesc:
     return _desc(out.ctypes.data, out.shape, strides, code, "out")
 
 
-def device_output(out: Any, dtype: Any = None) -> OutDesc:
+def device_output(out: DeviceOutput, dtype: object = None) -> OutDesc:
     """Describes a device output: a torch CUDA tensor, or any object with
     ``__cuda_array_interface__`` (its typestr gives the dtype unless `dtype` is passed, as it
     must be for bfloat16, which the interface cannot name)."""
@@ -112,7 +122,7 @@ def device_output(out: Any, dtype: Any = None) -> OutDesc:
         if out.device.type != "cuda":
             raise TypeError(f"dequant_fuse needs a CUDA output, got a tensor on {out.device}")
         return _desc(out.data_ptr(), tuple(out.shape), tuple(out.stride()), dtype_code(out.dtype), "out")
-    cai = getattr(out, "__cuda_array_interface__", None)
+    cai = getattr(cast(CudaArrayInterface, out), "__cuda_array_interface__", None)
     if cai is None:
         raise TypeError("out must be a torch CUDA tensor or have __cuda_array_interface__")
     code = dtype_code(dtype if dtype is not None else cai["typestr"])
@@ -124,7 +134,7 @@ def device_output(out: Any, dtype: Any = None) -> OutDesc:
     return _desc(int(cai["data"][0]), tuple(cai["shape"]), el, code, "out")
 
 
-def stream_handle(stream: Any) -> int:
+def stream_handle(stream: StreamLike) -> int:
     """A raw `cudaStream_t` from None (the legacy default stream, 0), an int, a
     `torch.cuda.Stream` (`.cuda_stream`), a CuPy stream (`.ptr`) or an object with
     ``__cuda_stream__`` (returning `(version, handle)`)."""

@@ -144,7 +144,7 @@ def _timed_generate(model: Any, ids: Any, new_tokens: int) -> Dict[str, Any]:
             submit(*args)
             ahead.append(time.perf_counter() - t)
 
-        ngram.prefetch = timed  # type: ignore[method-assign]
+        ngram.prefetch = timed  # type: ignore[method-assign,assignment]
     t0 = time.perf_counter()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,

@@ -1,6 +1,7 @@
 """ctypes declarations of libple's C API (include/ple.h): the versioned structs, the functions, and
-the error type. Struct layouts mirror the header field for field; the versioned structs carry
-`struct_size`, so a library with more (appended) fields still accepts them."""
+`check`, which turns a failed status into its exception (`_errors`). Struct layouts mirror the
+header field for field; the versioned structs carry `struct_size`, so a library with more
+(appended) fields still accepts them."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
+from typing import Optional
+
+from ._errors import PleError as PleError  # re-exported: `_lib.PleError` predates `_errors`
+from ._errors import error_for
+from ._facts import Counters, field_names
 
 c_int32_p = POINTER(c_int32)
 c_uint64_p = POINTER(c_uint64)
@@ -38,6 +44,7 @@ RING_FULL = {"wait": 0, "error": 1}
 WAIT_MODE = {"auto": 0, "host": 1, "stream_op": 2, "spin_kernel": 3}
 IO_MODE = {"auto": 0, "mmap": 1, "direct": 2}
 IO_BACKENDS = {0: "mmap", 1: "io_uring", 2: "pread_pool"}
+LOG_LEVELS = {"error": 1, "warn": 2, "info": 3, "debug": 4, "trace": 5}
 WAIT_FOREVER = (1 << 64) - 1
 
 
@@ -125,16 +132,8 @@ class ple_info(Structure):
     ]
 
 
-COUNTER_FIELDS = [
-    "prefill_steps", "decode_steps", "prefill_tokens", "decode_tokens", "prefill_rows",
-    "decode_rows", "unique_pages", "pages_prefetched", "prefetch_steps", "major_faults",
-    "minor_faults", "storage_read_bytes", "hash_ns", "prefetch_ns", "gather_ns", "copy_ns",
-    "wait_ns", "prefill_step_ns", "decode_step_ns", "timeouts", "failed_steps",
-    "resident_pages", "table_pages", "mem_available_bytes", "queue_ns",
-    "cache_hits", "cache_misses", "cache_bytes_used", "storage_reads",
-    "ahead_asked", "ahead_read", "ahead_dropped", "ahead_cached", "ahead_hits",
-    "abandoned_handles", "reaped_handles", "resident_dropped_bytes",
-]  # fmt: skip
+# the ple_counters fields after struct_size, in order: `Counters`' fields (their one home)
+COUNTER_FIELDS = field_names(Counters)
 
 
 class ple_counters(Structure):
@@ -142,17 +141,7 @@ class ple_counters(Structure):
 
 
 PROGRESS_FN = CFUNCTYPE(c_int32, c_uint64, c_uint64, c_void_p)
-
-
-class PleError(RuntimeError):
-    """A libple call failed: `status` (the `PLE_E_*` code), `name` (its name, e.g.
-    ``"PLE_E_INVALID_ARGUMENT"``) and `message` (`ple_last_error_message()`)."""
-
-    def __init__(self, status: int, name: str, message: str):
-        super().__init__(f"{name}: {message}")
-        self.status = status
-        self.name = name
-        self.message = message
+LOG_FN = CFUNCTYPE(None, c_int32, c_char_p, c_void_p)
 
 
 def _find_library() -> str:
@@ -192,6 +181,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ple_ngram_ids": (c_int32, [h, POINTER(ple_batch), c_void_p]),
         "ple_ngram_ids_tokens": (c_int32, [h, POINTER(ple_token_batch), c_void_p]),
         "ple_release_request": (c_int32, [h, c_uint64]),
+        "ple_set_log_callback": (c_int32, [LOG_FN, c_int32, c_void_p]),
+        "ple_check_device": (c_int32, [h]),
+        "ple_graph_prepare": (c_int32, [h, c_void_p, c_uint64]),
+        "ple_dequant_fuse_graph": (
+            c_int32,
+            [h, c_void_p, c_uint32, c_void_p, c_int32, c_size_t, c_uint32],
+        ),
         "ple_pack_options_default": (c_int32, [POINTER(ple_pack_options)]),
         "ple_pack": (
             c_int32,
@@ -209,11 +205,14 @@ _declare(lib)
 
 
 def status_name(status: int) -> str:
-    return lib.ple_status_name(status).decode()
+    """The C name of a status code (``ple_status_name``: ``"PLE_E_IO"``, ...)."""
+    name: bytes = lib.ple_status_name(status)
+    return name.decode()
 
 
-def check(status: int) -> None:
-    """Raises `PleError` for a status other than PLE_OK (0)."""
+def check(status: int, path: Optional[str] = None) -> None:
+    """Raises the `PleError` subclass of `status` for a status other than ``PLE_OK`` (0), with
+    ``ple_last_error_message()``; `path` (the path the call opened) as in `error_for`."""
     if status != 0:
         msg = (lib.ple_last_error_message() or b"").decode("utf-8", "replace")
-        raise PleError(status, status_name(status), msg)
+        raise error_for(status, status_name(status), msg, path)

@@ -1,39 +1,50 @@
-"""`Table` (an open libple handle), `Step` (one submitted engine step) and `pack`."""
+"""`Table`: an open libple handle, its steps, and their dequantisation."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+import sys
+from types import TracebackType
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Type, TypeVar, Union, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _arrays
+from ._errors import PleStateError, Status
+from ._facts import Counters, TableInfo, field_names
 from ._lib import (
     COUNTER_FIELDS,
     FORMATS,
     FUSE_ACCUMULATE,
+    IO_BACKENDS,
+    IO_MODE,
     PLE_EMBED_DIM,
     PLE_NUM_HEADS,
     PREFETCH,
-    PROGRESS_FN,
     RING_FULL,
     WAIT_MODE,
-    IO_MODE,
-    IO_BACKENDS,
-    PleError,
     check,
     lib,
     ple_batch,
     ple_counters,
     ple_info,
     ple_options,
-    ple_pack_options,
     ple_token_batch,
 )
+from ._types import ArrayLike, DeviceOutput, HostOutput, PathLike, StreamLike, TableOptions
+from .step import Step
 
-ArrayLike = Any  # numpy array, CPU torch tensor, anything with __dlpack__, or a sequence
-PathLike = Union[str, "os.PathLike[str]"]
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
+
+O = TypeVar("O", bound=HostOutput)
+StepRef = Union[Step, int]  # a step, or its seq
+_Batch = Tuple[Union[ple_batch, ple_token_batch], List[Optional[np.ndarray]], int]
 
 
 class _Handle:
@@ -51,68 +62,76 @@ class _Handle:
                 pass
 
 
-class Step:
-    """One submitted engine step (`seq`, `num_tokens`); its methods are the table's for this seq."""
-
-    def __init__(self, table: "Table", seq: int, num_tokens: int):
-        self.table, self.seq, self.num_tokens = table, seq, num_tokens
-
-    def wait(self, timeout_us: Optional[int] = None) -> None:
-        self.table.wait(self, timeout_us)
-
-    def packed_rows(self) -> np.ndarray:
-        return self.table.packed_rows(self)
-
-    def dequant_cpu(self, out: Any = None, *, dtype: Any = np.float32, accumulate: bool = False) -> Any:
-        return self.table.dequant_cpu(self, out, dtype=dtype, accumulate=accumulate)
-
-    def dequant_fuse(self, out: Any, stream: Any = None, *, dtype: Any = None, accumulate: bool = False) -> None:
-        self.table.dequant_fuse(self, out, stream, dtype=dtype, accumulate=accumulate)
-
-    def release(self) -> None:
-        self.table.release_step(self)
-
-    def __repr__(self) -> str:
-        return f"Step(seq={self.seq}, num_tokens={self.num_tokens})"
-
-
-def _seq(step: Union[Step, int]) -> int:
+def _seq(step: StepRef) -> int:
     return step.seq if isinstance(step, Step) else int(step)
 
 
-_OPTION_ENUMS = {
+def _consumed(step: StepRef) -> None:
+    if isinstance(step, Step):
+        step.consumed = True
+
+
+_OPTION_ENUMS: Dict[str, Dict[str, int]] = {
     "prefetch_policy": PREFETCH,
     "ring_full_policy": RING_FULL,
     "wait_mode": WAIT_MODE,
     "io_mode": IO_MODE,
 }
 _PATH_OPTIONS = ("config_json_path", "checkpoint_dir")
+_OPTION_NAMES = {name for name, *_ in ple_options._fields_} - {"struct_size"}
 
 
 class Table:
-    """An open PLE table (`ple_open`); use as a context manager.
+    """An open PLE table (``ple_open``); a context manager that closes it.
 
-    Options are `ple_options` fields by name: `max_tokens_per_step`, `max_in_flight`,
-    `num_threads`, `prefetch_policy` ("auto"/"always"/"never"), `prefetch_min_rows`,
-    `ring_full_policy` ("wait"/"error"), `wait_timeout_us`, `history_window`, `cuda_device`,
-    `wait_mode` ("auto"/"host"/"stream_op"/"spin_kernel"), `config_json_path`, `checkpoint_dir`,
-    `cache_bytes` (default `PLE_CACHE_AUTO`, 2**64 - 1: a 256 MiB row cache for a DIRECT handle,
-    none for MMAP; 0 = none; `info()["cache_bytes"]` says what the handle got), `io_mode`
-    ("auto"/"mmap"/"direct"), `shard_count` and `shard_index` (a head shard for one of
-    `shard_count` tensor/data-parallel ranks: the handle reads only heads
-    `[info["shard_first_head"], + info["shard_heads"])`, `packed_rows` has that many rows per
-    token, and `dequant_*` write -0.0 in the other heads' columns, so an all-reduce (sum) of every
-    rank's output is the whole table's output bit for bit), `ahead_max_rows` (the bound of
-    `prefetch_ahead`'s queue; 0 = the row cache's capacity), `resident_bytes_max` (MMAP: the
-    most bytes of the table kept in the page cache; 0 = no cap).
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The table directory (``ple pack``'s output).
+    **options
+        ``ple_options`` fields by name (`TableOptions`; ``ple.h`` documents each), the rest keep
+        their defaults: ``max_tokens_per_step``, ``max_in_flight``, ``num_threads``,
+        ``prefetch_policy`` ("auto"/"always"/"never"), ``prefetch_min_rows``,
+        ``ring_full_policy`` ("wait"/"error"), ``wait_timeout_us``, ``history_window``,
+        ``cuda_device``, ``wait_mode`` ("auto"/"host"/"stream_op"/"spin_kernel"),
+        ``config_json_path``, ``checkpoint_dir``, ``cache_bytes`` (default `PLE_CACHE_AUTO`: a
+        256 MiB row cache for a DIRECT handle, none for MMAP; 0 = none; ``info.cache_bytes``
+        says what the handle got), ``io_mode`` ("auto"/"mmap"/"direct"), ``shard_count`` and
+        ``shard_index`` (a head shard for one of ``shard_count`` tensor/data-parallel ranks: the
+        handle reads only heads ``[info.shard_first_head, + info.shard_heads)``,
+        `packed_rows` has that many rows per token, and ``dequant_*`` write -0.0 in the other
+        heads' columns, so an all-reduce (sum) of every rank's output is the whole table's
+        output bit for bit), ``ahead_max_rows`` (the bound of `prefetch_ahead`'s queue; 0 = the
+        row cache's capacity), ``resident_bytes_max`` (MMAP: the most bytes of the table kept
+        in the page cache; 0 = no cap).
+
+    Raises
+    ------
+    TypeError
+        An unknown option.
+    ValueError
+        An enum-valued option that is none of its names.
+    PleNotFoundError
+        `path` does not exist.
+    PleError
+        libple refused to open it (`PleFormatError`, `PleInvalidArgumentError`, ...).
+
+    Attributes
+    ----------
+    path : str
+        The table directory.
+    info : TableInfo
+        Facts about the table and the handle (``ple_table_info``).
+    max_tokens_per_step, max_in_flight : int
+        The options the handle was opened with.
     """
 
-    def __init__(self, path: PathLike, **options: Any):
+    def __init__(self, path: PathLike, **options: "Unpack[TableOptions]"):
         o = ple_options()
         check(lib.ple_options_default(ctypes.byref(o)))
         keep = []
         for k, v in options.items():
-            if k not in dict(ple_options._fields_) or k == "struct_size":
+            if k not in _OPTION_NAMES:
                 raise TypeError(f"unknown option {k!r}")
             if k in _OPTION_ENUMS and isinstance(v, str):
                 try:
@@ -120,56 +139,81 @@ class Table:
                 except KeyError:
                     raise ValueError(f"{k} must be one of {sorted(_OPTION_ENUMS[k])}, got {v!r}") from None
             if k in _PATH_OPTIONS and v is not None:
-                v = os.fsencode(v)
+                v = os.fsencode(v)  # type: ignore[arg-type]
                 keep.append(v)
             setattr(o, k, v)
         ptr = ctypes.c_void_p()
-        check(lib.ple_open(os.fsencode(path), ctypes.byref(o), ctypes.byref(ptr)))
+        self.path = os.fspath(path)
+        check(lib.ple_open(os.fsencode(path), ctypes.byref(o), ctypes.byref(ptr)), self.path)
+        assert ptr.value is not None  # PLE_OK sets the handle
         self._h: Optional[_Handle] = _Handle(ptr.value)
         self._wait_timeout_us = int(o.wait_timeout_us)
-        self.max_tokens_per_step = int(o.max_tokens_per_step)  # the options the handle was opened with
+        self.max_tokens_per_step = int(o.max_tokens_per_step)
         self.max_in_flight = int(o.max_in_flight)
         self._last_seq = 0
-        self.path = os.fspath(path)
-        self.info = self._info()
+        self.info: TableInfo = self._info()
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Closes the table. Live `packed_rows` views keep the handle open until they are gone."""
+        """Closes the table (a second close is a no-op). Live `packed_rows` views keep the
+        handle open until they are gone."""
         self._h = None
+
+    @property
+    def closed(self) -> bool:
+        """True once `close` was called (or the ``with`` block ended)."""
+        return self._h is None
 
     def __enter__(self) -> "Table":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
         self.close()
 
     @property
     def _ptr(self) -> int:
-        if self._h is None:
-            raise PleError(-5, "PLE_E_STATE", "the table is closed")
-        return self._h.ptr  # type: ignore[return-value]
+        h = self._h
+        if h is None or h.ptr is None:
+            raise PleStateError(Status.STATE, Status.STATE.c_name, "the table is closed")
+        return h.ptr
 
     # -- facts ------------------------------------------------------------------------------
-    def _info(self) -> Dict[str, Any]:
+    def _info(self) -> TableInfo:
         i = ple_info()
         i.struct_size = ctypes.sizeof(ple_info)
         check(lib.ple_table_info(self._ptr, ctypes.byref(i)))
-        d = {f: getattr(i, f) for f, _ in ple_info._fields_ if f != "struct_size"}
+        d = {f: getattr(i, f) for f in field_names(TableInfo)}
         d["format"] = FORMATS.get(i.format, i.format)
         d["source_name"] = i.source_name.decode("utf-8", "replace")
         d["source_fingerprint"] = i.source_fingerprint.decode("ascii", "replace")
         d["device_wait_supported"] = bool(i.device_wait_supported)
         d["io_mode"] = {v: k for k, v in IO_MODE.items()}.get(i.io_mode, i.io_mode)
         d["io_backend"] = IO_BACKENDS.get(i.io_backend, i.io_backend)
-        return d
+        return TableInfo(**d)
 
-    def stats(self) -> Dict[str, int]:
-        """The handle's cumulative counters (`ple_stats`) by name; times are nanoseconds."""
+    def stats(self) -> Counters:
+        """The handle's cumulative counters (``ple_stats``).
+
+        Returns
+        -------
+        Counters
+            One int per ``ple_counters`` field (also readable as a mapping by name); times are
+            nanoseconds.
+
+        Raises
+        ------
+        PleStateError
+            The table is closed.
+        """
         c = ple_counters()
         c.struct_size = ctypes.sizeof(ple_counters)
         check(lib.ple_stats(self._ptr, ctypes.byref(c)))
-        return {f: getattr(c, f) for f in COUNTER_FIELDS}
+        return Counters(**{f: int(getattr(c, f)) for f in COUNTER_FIELDS})
 
     # -- batches ----------------------------------------------------------------------------
     def _batch(
@@ -180,7 +224,7 @@ class Table:
         query_start: Optional[ArrayLike],
         token_request_ids: Optional[ArrayLike],
         context: Optional[ArrayLike],
-    ) -> tuple:
+    ) -> _Batch:
         toks = _arrays.host_input(tokens, np.int32, "tokens")
         pos = _arrays.host_input(positions, np.int32, "positions")
         n = toks.size
@@ -196,9 +240,9 @@ class Table:
             if tid.size != n:
                 raise ValueError(f"{n} tokens but {tid.size} token_request_ids")
             keep.append(tid)
-            b = ple_token_batch(ctypes.sizeof(ple_token_batch), toks.ctypes.data, pos.ctypes.data,
-                                tid.ctypes.data, n, cptr)  # fmt: skip
-            return b, keep, n
+            tb = ple_token_batch(ctypes.sizeof(ple_token_batch), toks.ctypes.data, pos.ctypes.data,
+                                 tid.ctypes.data, n, cptr)  # fmt: skip
+            return tb, keep, n
         if request_ids is None:
             request_ids = [0]
         rid = _arrays.host_input(request_ids, np.uint64, "request_ids")
@@ -221,19 +265,51 @@ class Table:
         context: Optional[ArrayLike] = None,
         seq: Optional[int] = None,
     ) -> Step:
-        """Submits one engine step and returns it (the work runs on libple's worker).
+        """Submits one engine step (``ple_submit``); the work runs on libple's worker.
 
-        Offsets form (vLLM `query_start_loc`, SGLang `extend_start_loc`): `request_ids`
-        `[num_requests]` and `query_start` `[num_requests + 1]`; with neither, all tokens are one
-        request with id 0. Per-token form (llama.cpp): `token_request_ids` `[num_tokens]`, tokens
-        in any order, rows in that order. `context` (stateless mode): `[num_requests][ngram_size
-        - 1]`, the tokens before each request's span; None = tracked mode. int32 (tokens,
-        positions, context), uint64 (ids) and uint32 (query_start) C-contiguous inputs are read
-        in place; others are converted. `seq` defaults to one more than the last submitted."""
+        int32 (tokens, positions, context), uint64 (ids) and uint32 (query_start) C-contiguous
+        inputs are read in place; others are converted.
+
+        Parameters
+        ----------
+        tokens, positions : array_like
+            ``[num_tokens]`` token ids and their positions in their requests.
+        request_ids, query_start : array_like, optional
+            Offsets form (vLLM ``query_start_loc``, SGLang ``extend_start_loc``):
+            ``[num_requests]`` ids and ``[num_requests + 1]`` offsets into `tokens`. With neither
+            (and no `token_request_ids`), all tokens are one request with id 0.
+        token_request_ids : array_like, optional
+            Per-token form (llama.cpp): ``[num_tokens]`` ids, tokens in any order, rows in that
+            order. Not with the offsets form.
+        context : array_like, optional
+            Stateless mode: ``[num_requests][ngram_size - 1]``, the tokens before each request's
+            span. None: tracked mode (libple remembers each request's last tokens).
+        seq : int, optional
+            The step's sequence number; default one more than the last submitted.
+
+        Returns
+        -------
+        Step
+            The submitted step.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Inputs of the wrong kind or length (named).
+        PleInvalidArgumentError
+            A batch libple refuses (a token outside the vocabulary, a position repeated, ...).
+        PleStateError
+            A full ring under ``ring_full_policy="error"``, a `seq` not above the last one
+            submitted, or a closed table.
+        PleTimeoutError
+            A full ring that did not free a slot in ``wait_timeout_us``.
+        """
         b, keep, n = self._batch(tokens, positions, request_ids, query_start, token_request_ids, context)
         s = self._last_seq + 1 if seq is None else int(seq)
-        fn = lib.ple_submit_tokens if isinstance(b, ple_token_batch) else lib.ple_submit
-        check(fn(self._ptr, ctypes.byref(b), s))
+        if isinstance(b, ple_token_batch):
+            check(lib.ple_submit_tokens(self._ptr, ctypes.byref(b), s))
+        else:
+            check(lib.ple_submit(self._ptr, ctypes.byref(b), s))
         del keep  # libple copied the batch
         self._last_seq = s
         return Step(self, s, n)
@@ -249,13 +325,25 @@ class Table:
         context: Optional[ArrayLike] = None,
     ) -> None:
         """Reads the rows of tokens known ahead of their step in the background
-        (`ple_prefetch_ahead`): a prompt's later chunks at request admission, the drafts of the
-        next verify step. Same arguments as `submit` (no `seq`: nothing is submitted); returns at
-        once, changes no tracked history, may be longer than `max_tokens_per_step`. Counted in
-        `stats()["ahead_*"]`."""
+        (``ple_prefetch_ahead``): a prompt's later chunks at request admission, the drafts of the
+        next verify step. Returns at once, changes no tracked history, may be longer than
+        ``max_tokens_per_step``. Counted in ``stats().ahead_*``.
+
+        Parameters
+        ----------
+        tokens, positions, request_ids, query_start, token_request_ids, context
+            As in `submit` (no `seq`: nothing is submitted).
+
+        Raises
+        ------
+        TypeError, ValueError, PleError
+            As in `submit`.
+        """
         b, keep, _ = self._batch(tokens, positions, request_ids, query_start, token_request_ids, context)
-        fn = lib.ple_prefetch_ahead_tokens if isinstance(b, ple_token_batch) else lib.ple_prefetch_ahead
-        check(fn(self._ptr, ctypes.byref(b)))
+        if isinstance(b, ple_token_batch):
+            check(lib.ple_prefetch_ahead_tokens(self._ptr, ctypes.byref(b)))
+        else:
+            check(lib.ple_prefetch_ahead(self._ptr, ctypes.byref(b)))
         del keep  # libple hashed the batch during the call
 
     def ngram_ids(
@@ -268,54 +356,162 @@ class Table:
         token_request_ids: Optional[ArrayLike] = None,
         context: Optional[ArrayLike] = None,
     ) -> np.ndarray:
-        """The 16 row ids of every token, `[num_tokens, 16]` int64 (arguments as `submit`); no
-        side effects: tracked history is read, not changed."""
+        """The row ids of every token (``ple_ngram_ids``), without side effects: tracked history
+        is read, not changed.
+
+        Parameters
+        ----------
+        tokens, positions, request_ids, query_start, token_request_ids, context
+            As in `submit`.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[num_tokens, 16]`` int64.
+
+        Raises
+        ------
+        TypeError, ValueError, PleError
+            As in `submit`.
+        """
         b, keep, n = self._batch(tokens, positions, request_ids, query_start, token_request_ids, context)
         out = np.empty((n, PLE_NUM_HEADS), np.int64)
-        fn = lib.ple_ngram_ids_tokens if isinstance(b, ple_token_batch) else lib.ple_ngram_ids
-        check(fn(self._ptr, ctypes.byref(b), out.ctypes.data))
+        if isinstance(b, ple_token_batch):
+            check(lib.ple_ngram_ids_tokens(self._ptr, ctypes.byref(b), out.ctypes.data))
+        else:
+            check(lib.ple_ngram_ids(self._ptr, ctypes.byref(b), out.ctypes.data))
         return out
 
     def release_request(self, request_id: int) -> None:
-        """Forgets a request's tracked history (unknown ids are fine)."""
+        """Forgets a request's tracked history (``ple_release_request``; unknown ids are fine).
+
+        Parameters
+        ----------
+        request_id : int
+            The request's id.
+
+        Raises
+        ------
+        PleStateError
+            The table is closed.
+        """
         check(lib.ple_release_request(self._ptr, request_id))
 
     # -- steps ------------------------------------------------------------------------------
-    def wait(self, step: Union[Step, int], timeout_us: Optional[int] = None) -> None:
-        """Blocks until the step is complete. `timeout_us`: None = the handle's
-        `wait_timeout_us`, 0 = poll (PLE_E_TIMEOUT at once if not done), 2**64 - 1 = forever."""
+    def wait(self, step: StepRef, timeout_us: Optional[int] = None) -> None:
+        """Blocks until the step is complete (``ple_wait``).
+
+        Parameters
+        ----------
+        step : Step or int
+            The step, or its seq.
+        timeout_us : int, optional
+            None: the handle's ``wait_timeout_us``; 0: poll; ``2**64 - 1``: forever.
+
+        Raises
+        ------
+        PleTimeoutError
+            The step was not complete in time (`Step.done` polls without raising).
+        PleStateError
+            A seq never submitted, or the table closed (also while waiting).
+        PleError
+            The step failed: its own error.
+        """
         t = self._wait_timeout_us if timeout_us is None else timeout_us
         check(lib.ple_wait(self._ptr, _seq(step), t))
 
-    def packed_rows(self, step: Union[Step, int]) -> np.ndarray:
-        """A read-only numpy view `[num_tokens, heads, row_bytes]` uint8 of the step's staged rows
-        (waits for the step; `heads` is 16, or a head shard's `info["shard_heads"]`). Valid until the step is consumed (`dequant_*`, `release_step`):
-        after that libple may reuse the memory for a later step. The view keeps the handle open."""
+    def packed_rows(self, step: StepRef) -> np.ndarray:
+        """A read-only view of the step's staged rows (``ple_packed_rows``; waits for the step).
+
+        Parameters
+        ----------
+        step : Step or int
+            The step, or its seq.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[num_tokens, heads, row_bytes]`` uint8 (``heads`` is 16, or a head shard's
+            ``info.shard_heads``). Valid until the step is consumed (``dequant_*``,
+            `release_step`): libple then reuses the memory. The view keeps the handle open.
+
+        Raises
+        ------
+        PleError
+            As in `wait`.
+        """
         rows = ctypes.POINTER(ctypes.c_uint8)()
         n = ctypes.c_uint32()
         check(lib.ple_packed_rows(self._ptr, _seq(step), ctypes.byref(rows), ctypes.byref(n)))
-        rb = self.info["row_bytes"]
-        heads = self.info["shard_heads"]
+        rb = self.info.row_bytes
+        heads = self.info.shard_heads
         size = n.value * heads * rb
         if size == 0:
             return np.empty((0, heads, rb), np.uint8)
         buf = (ctypes.c_uint8 * size).from_address(ctypes.addressof(rows.contents))
-        buf.handle = self._h  # the staging memory lives as long as the handle
-        a = np.frombuffer(buf, np.uint8).reshape(n.value, heads, rb)
+        buf.handle = self._h  # type: ignore[attr-defined]  # the staging lives as long as the handle
+        a = np.frombuffer(memoryview(buf), np.uint8).reshape(n.value, heads, rb)
         a.flags.writeable = False
         return a
 
-    def release_step(self, step: Union[Step, int]) -> None:
-        """Releases the step's staging slot without dequantising it."""
+    def release_step(self, step: StepRef) -> None:
+        """Releases the step's staging slot without dequantising it (``ple_release_step``).
+
+        Parameters
+        ----------
+        step : Step or int
+            The step, or its seq.
+
+        Raises
+        ------
+        PleStateError
+            The step was consumed or released already, never submitted, or the table is closed.
+        """
         check(lib.ple_release_step(self._ptr, _seq(step)))
+        _consumed(step)
+
+    @overload
+    def dequant_cpu(
+        self, step: Step, out: None = None, *, dtype: npt.DTypeLike = ..., accumulate: bool = ...
+    ) -> np.ndarray: ...
+    @overload
+    def dequant_cpu(self, step: StepRef, out: O, *, dtype: npt.DTypeLike = ..., accumulate: bool = ...) -> O: ...
 
     def dequant_cpu(
-        self, step: Union[Step, int], out: Any = None, *, dtype: Any = np.float32, accumulate: bool = False
-    ) -> Any:
-        """Dequantises the step's rows into host `out` (`[>= num_tokens, >= 2560]` or flat, numpy
-        or CPU torch; float32/float16/bfloat16, rows contiguous, any row stride) and releases the
-        step. With `out` None, returns a new `[num_tokens, 2560]` array of `dtype` (float32, or
-        float16). `accumulate` adds into `out`."""
+        self,
+        step: StepRef,
+        out: Optional[HostOutput] = None,
+        *,
+        dtype: npt.DTypeLike = np.float32,
+        accumulate: bool = False,
+    ) -> HostOutput:
+        """Dequantises the step's rows into host memory and releases the step
+        (``ple_dequant_cpu``; waits for the step).
+
+        Parameters
+        ----------
+        step : Step or int
+            The step, or its seq (then `out` is needed).
+        out : numpy.ndarray or CPU torch tensor, optional
+            ``[>= num_tokens, >= 2560]`` or flat; float32, float16 or bfloat16; rows contiguous,
+            any row stride. None: a new array.
+        dtype : numpy dtype, default float32
+            The new array's dtype (float32, float16, ml_dtypes.bfloat16) when `out` is None.
+        accumulate : bool, default False
+            Add into `out` instead of overwriting it.
+
+        Returns
+        -------
+        numpy.ndarray or torch.Tensor
+            `out`, or the new ``[num_tokens, 2560]`` array.
+
+        Raises
+        ------
+        TypeError, ValueError
+            `out` of the wrong kind, dtype, shape or strides.
+        PleError
+            As in `wait` (the step is then not consumed).
+        """
         n = step.num_tokens if isinstance(step, Step) else None
         if out is None:
             if n is None:
@@ -326,88 +522,135 @@ class Table:
             raise ValueError(f"out holds {d.rows} rows, the step has {n} tokens")
         flags = FUSE_ACCUMULATE if accumulate else 0
         check(lib.ple_dequant_cpu(self._ptr, _seq(step), d.ptr, d.dtype, d.stride, flags))
+        _consumed(step)
         return out
 
     def dequant_fuse(
         self,
-        step: Union[Step, int],
-        out: Any,
-        stream: Any = None,
+        step: StepRef,
+        out: DeviceOutput,
+        stream: StreamLike = None,
         *,
-        dtype: Any = None,
+        dtype: object = None,
         accumulate: bool = False,
     ) -> None:
-        """Enqueues the step's dequantisation into device `out` (a torch CUDA tensor or anything
-        with ``__cuda_array_interface__``) on `stream` (`torch.cuda.current_stream()`, a CuPy
-        stream, a raw `cudaStream_t` int, or None for the default stream). Needs a handle opened
-        with `cuda_device >= 0`. `dtype` names the element type where the interface cannot
-        (bfloat16)."""
+        """Enqueues the step's dequantisation into device memory on `stream`
+        (``ple_dequant_fuse``). Needs a handle opened with ``cuda_device >= 0``. A step that
+        cannot be consumed fills its output with NaN and raises a device error: `check_device`.
+
+        Parameters
+        ----------
+        step : Step or int
+            The step, or its seq.
+        out : torch CUDA tensor or ``__cuda_array_interface__`` array
+            ``[>= num_tokens, >= 2560]`` device memory of the handle's device.
+        stream : CUDA stream, optional
+            ``torch.cuda.current_stream()``, a CuPy stream, a raw ``cudaStream_t`` int, or None
+            (the legacy default stream).
+        dtype : dtype or name, optional
+            The element type where `out`'s interface cannot name it (bfloat16).
+        accumulate : bool, default False
+            Add into `out` instead of overwriting it.
+
+        Raises
+        ------
+        TypeError, ValueError
+            `out` or `stream` of the wrong kind, shape or dtype.
+        PleCudaUnavailableError
+            The handle has no CUDA device.
+        PleError
+            libple refused (a pending device error, a bad address, ...).
+        """
         d = _arrays.device_output(out, dtype)
         if isinstance(step, Step) and d.rows < step.num_tokens:
             raise ValueError(f"out holds {d.rows} rows, the step has {step.num_tokens} tokens")
         flags = FUSE_ACCUMULATE if accumulate else 0
         s = _arrays.stream_handle(stream)
         check(lib.ple_dequant_fuse(self._ptr, s, _seq(step), d.ptr, d.dtype, d.stride, flags))
+        _consumed(step)
+
+    # -- the GPU side: CUDA Graph mode and device errors ----------------------------------------
+    def graph_prepare(self, stream: StreamLike, base_seq: int) -> None:
+        """CUDA Graph mode, step 1 (``ple_graph_prepare``): enqueues on `stream` "the next graph
+        replay consumes step `base_seq`". Call it outside capture; then capture
+        `dequant_fuse_graph` once and replay it once per step, submitting steps ``base_seq``,
+        ``base_seq + 1``, ... in order.
+
+        Parameters
+        ----------
+        stream : CUDA stream
+            The engine's stream, not capturing.
+        base_seq : int
+            The step the next replay consumes (after the last one a replay consumed).
+
+        Raises
+        ------
+        PleCudaUnavailableError
+            The handle has no CUDA device.
+        PleInvalidArgumentError
+            `stream` is capturing, or `base_seq` was consumed already.
+        """
+        check(lib.ple_graph_prepare(self._ptr, _arrays.stream_handle(stream), base_seq))
+
+    def dequant_fuse_graph(
+        self,
+        out: DeviceOutput,
+        stream: StreamLike,
+        *,
+        capacity_tokens: Optional[int] = None,
+        dtype: object = None,
+        accumulate: bool = False,
+    ) -> None:
+        """CUDA Graph mode, step 2 (``ple_dequant_fuse_graph``): enqueues a device wait for the
+        current graph step, its dequantisation into `out` and the advance to the next step, with
+        no step number baked in: capture this call once after `graph_prepare`. A step larger
+        than the capacity fills `out` with NaN and raises a device error (`check_device`).
+
+        Parameters
+        ----------
+        out : torch CUDA tensor or ``__cuda_array_interface__`` array
+            Device memory holding `capacity_tokens` rows, alive as long as the graph is replayed.
+        stream : CUDA stream
+            The capturing stream.
+        capacity_tokens : int, optional
+            The most tokens a replayed step may have; default all of `out`'s rows.
+        dtype : dtype or name, optional
+            The element type where `out`'s interface cannot name it (bfloat16).
+        accumulate : bool, default False
+            Add into `out` instead of overwriting it.
+
+        Raises
+        ------
+        ValueError
+            `capacity_tokens` is more than `out` holds.
+        PleCudaUnavailableError
+            The handle has no CUDA device.
+        PleError
+            libple refused (a pending device error, no `graph_prepare`, ...).
+        """
+        d = _arrays.device_output(out, dtype)
+        cap = d.rows if capacity_tokens is None else int(capacity_tokens)
+        if cap > d.rows:
+            raise ValueError(f"capacity_tokens {cap}: out holds {d.rows} rows")
+        flags = FUSE_ACCUMULATE if accumulate else 0
+        s = _arrays.stream_handle(stream)
+        check(lib.ple_dequant_fuse_graph(self._ptr, s, cap, d.ptr, d.dtype, d.stride, flags))
+
+    def check_device(self) -> None:
+        """Raises (and clears) the first error the handle's kernels raised on the device since
+        the last call (``ple_check_device``): a device wait that timed out, a step that failed
+        on the host, a graph step over capacity, a wait cut short by `close`. The affected
+        kernels filled their output with NaN. Synchronise the stream first.
+
+        Raises
+        ------
+        PleTimeoutError, PleStateError, PleError
+            The device error, as its status's exception.
+        PleCudaUnavailableError
+            The handle has no CUDA device.
+        """
+        check(lib.ple_check_device(self._ptr))
 
     def __repr__(self) -> str:
         state = "closed" if self._h is None else "open"
-        return f"Table({self.path!r}, {self.info['format']}, {state})"
-
-
-def pack(
-    checkpoint_dir: PathLike,
-    out_dir: PathLike,
-    *,
-    force: bool = False,
-    buffer_bytes: Optional[int] = None,
-    progress: Optional[Callable[[int, int], Any]] = None,
-    shard: Optional[Tuple[int, int]] = None,
-) -> None:
-    """Packs a checkpoint's PLE tensors into a table (`ple_pack`). `progress(done_bytes,
-    total_bytes)` is called as it goes; an exception raised in it cancels the pack (no table is
-    left behind) and is re-raised here. `shard=(K, N)` writes a shard table holding only head
-    shard K of N's rows (open it with `Table(out_dir, shard_count=N, shard_index=K)`)."""
-    o = ple_pack_options()
-    check(lib.ple_pack_options_default(ctypes.byref(o)))
-    o.force = int(bool(force))
-    if shard is not None:
-        o.shard_index, o.shard_count = (int(x) for x in shard)
-    if buffer_bytes is not None:
-        o.buffer_bytes = buffer_bytes
-    raised: list = []
-
-    def cb(done: int, total: int, _user: Any) -> int:
-        try:
-            progress(done, total)  # type: ignore[misc]
-            return 0
-        except BaseException as e:  # noqa: BLE001 - re-raised after libple returns
-            raised.append(e)
-            return 1
-
-    fn = PROGRESS_FN(cb) if progress is not None else PROGRESS_FN()
-    status = lib.ple_pack(os.fsencode(checkpoint_dir), os.fsencode(out_dir), ctypes.byref(o), fn, None)
-    if raised:
-        raise raised[0]
-    check(status)
-
-
-def version() -> str:
-    """libple's version string."""
-    return lib.ple_version_string().decode()
-
-
-def batch_from_requests(spans: Sequence[tuple]) -> Dict[str, np.ndarray]:
-    """Offsets-form arrays from `(request_id, first_position, tokens)` spans, for `submit(**...)`."""
-    toks, pos, ids, qs = [], [], [], [0]
-    for rid, p, t in spans:
-        t = list(t)
-        ids.append(rid)
-        toks += t
-        pos += range(p, p + len(t))
-        qs.append(len(toks))
-    return {
-        "tokens": np.asarray(toks, np.int32),
-        "positions": np.asarray(pos, np.int32),
-        "request_ids": np.asarray(ids, np.uint64),
-        "query_start": np.asarray(qs, np.uint32),
-    }
+        return f"Table({self.path!r}, {self.info.format}, {state})"

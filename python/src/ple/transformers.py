@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -33,10 +33,16 @@ except ImportError as e:  # pragma: no cover
     ) from e
 
 from ._lib import PLE_EMBED_DIM, PLE_NUM_HEADS
-from .table import Table, pack
+from ._pack import pack
+from ._types import PathLike
+from .step import Step
+from .table import Table
 
 NGramEmbedding = _qwen4.Qwen4ExpTextNGramEmbedding
 __all__ = ["OffloadedNGramEmbedding", "offload", "from_pretrained", "NGramEmbedding"]
+
+# a submitted step with the first and end token of the batch it holds
+_Submitted = Tuple[Step, int, int]
 
 # libple serves one PLE layer per table (the model's hash parameters of one ple_layer_index)
 MAX_PLE_LAYERS = 1
@@ -66,7 +72,7 @@ class OffloadedNGramEmbedding(torch.nn.Module):
         self._cuda_device = cuda_device
         self._max_tokens = table.max_tokens_per_step
         self._in_flight = max(1, table.max_in_flight)
-        self._ahead: Optional[tuple] = None  # (history, steps) submitted by `prefetch`
+        self._ahead: Optional[Tuple[np.ndarray, List[_Submitted]]] = None  # submitted by `prefetch`
         self._prefetch_hook: Any = None
 
     def extra_repr(self) -> str:
@@ -86,7 +92,15 @@ class OffloadedNGramEmbedding(torch.nn.Module):
         """Submits the lookup of `input_ids` ahead of `forward` (a pre-hook on an earlier decoder
         layer calls it), so libple gathers while that layer computes. `forward` uses these steps
         only if it is called with the same tokens and context, else releases them; inputs that
-        need more steps than the ring holds are not prefetched."""
+        need more steps than the ring holds are not prefetched.
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor, optional
+            ``[batch, seq]`` the tokens `forward` will get (None or empty: nothing is prefetched).
+        past_key_values : transformers.Cache, optional
+            The cache `forward` will get (its conv state 2 is the n-gram context).
+        """
         self._release_ahead()
         if input_ids is None or input_ids.numel() == 0:
             return
@@ -102,6 +116,22 @@ class OffloadedNGramEmbedding(torch.nn.Module):
                 step.release()
 
     def forward(self, input_ids: "torch.Tensor", past_key_values: Any) -> "torch.Tensor":
+        """The n-gram embeddings of `input_ids`, as the replaced module computes them, and the
+        module's cache update.
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor
+            ``[batch, seq]`` token ids.
+        past_key_values : transformers.Cache, optional
+            The model's cache: its conv state 2 holds the n-gram context and is updated.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[batch, seq, ple_embed_dim]`` in the module's dtype, on `input_ids`' device (fused
+            on the table's CUDA device, else dequantised on the CPU and copied).
+        """
         input_ids = input_ids.long()
         k = self.context_len
         history = self._history(input_ids, past_key_values)
@@ -130,7 +160,7 @@ class OffloadedNGramEmbedding(torch.nn.Module):
                 self._lookup(history, flat, stream)
         return out if out.device == dev else out.to(dev)
 
-    def _submit(self, history: np.ndarray):
+    def _submit(self, history: np.ndarray) -> Iterator[_Submitted]:
         """Submits the rows of `history[:, k:]` (row-major) in steps of at most
         max_tokens_per_step tokens; yields `(step, first_token, end_token)` as each is submitted.
         Each row is one request in stateless mode; a step starting inside a row takes its context
@@ -158,7 +188,7 @@ class OffloadedNGramEmbedding(torch.nn.Module):
     def _lookup(self, history: np.ndarray, out: "torch.Tensor", stream: Any) -> None:
         """All rows into `out`; a step is dequantised once the ring is full, so the next one is
         gathered meanwhile."""
-        pending: deque = deque()
+        pending: Deque[_Submitted] = deque()
         for item in self._submit(history):
             pending.append(item)
             if len(pending) >= self._in_flight:
@@ -167,7 +197,7 @@ class OffloadedNGramEmbedding(torch.nn.Module):
             self._consume(pending.popleft(), out, stream)
 
     @staticmethod
-    def _consume(item: tuple, out: "torch.Tensor", stream: Any) -> None:
+    def _consume(item: _Submitted, out: "torch.Tensor", stream: Any) -> None:
         step, start, end = item
         if stream is None:
             step.dequant_cpu(out[start:end])
@@ -220,19 +250,32 @@ def table_hash_params(table: Table) -> Dict[str, Any]:
     """The hash parameters the table computes with, read back through `ngram_ids`: probes at
     position k with stateless context give the head offsets (all-zero window), and each
     multiplier modulo every head size (one 1 in the window); the multipliers follow by the
-    Chinese remainder theorem over the head sizes (exact when their product exceeds 2**63)."""
+    Chinese remainder theorem over the head sizes (exact when their product exceeds 2**63).
+
+    Parameters
+    ----------
+    table : Table
+        The open table.
+
+    Returns
+    -------
+    dict
+        ``ngram_heads_offsets``, ``ngram_heads_vocab_sizes``, ``layer_multipliers`` (an int, or
+        ``"x (mod m)"`` where the head sizes do not pin it down), and the residues behind them;
+        empty for a shape libple does not serve.
+    """
     i = table.info
-    k = i["ngram_size"] - 1
-    if k != 2 or i["num_heads"] != PLE_NUM_HEADS:
+    k = i.ngram_size - 1
+    if k != 2 or i.num_heads != PLE_NUM_HEADS:
         return {}  # other shapes are refused on ngram_size / num_heads before these are compared
-    hpn = i["num_heads"] // k
+    hpn = i.num_heads // k
     probes = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]  # (token, ctx1, ctx2)
     toks = [p[0] for p in probes]
     ctx = [c for p in probes for c in (p[2], p[1])]  # oldest first
     ids = table.ngram_ids(toks, [k] * len(probes), request_ids=range(len(probes)),
                           query_start=range(len(probes) + 1), context=ctx).astype(object)  # fmt: skip
     offsets = [int(x) for x in ids[0]]
-    sizes = [offsets[h + 1] - offsets[h] for h in range(len(offsets) - 1)] + [i["addressed_rows"] - offsets[-1]]
+    sizes = [offsets[h + 1] - offsets[h] for h in range(len(offsets) - 1)] + [i.addressed_rows - offsets[-1]]
     res = [[int(ids[j][h]) - offsets[h] for h in range(len(offsets))] for j in (1, 2, 3)]
     heads = [range(len(sizes)), range(len(sizes)), range(hpn, len(sizes))]  # m2 only reaches trigram heads
     mults = []
@@ -249,16 +292,31 @@ def table_hash_params(table: Table) -> Dict[str, Any]:
 
 
 def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
-    """Raises ValueError naming the first field where the table and the module disagree."""
+    """Checks that the table serves the module: its shape and its hash parameters.
+
+    Parameters
+    ----------
+    table : Table
+        The open table.
+    module : Qwen4ExpTextNGramEmbedding
+        The model's n-gram module.
+    name : str, default "n-gram module"
+        The module's name in messages.
+
+    Raises
+    ------
+    ValueError
+        Naming the first field where the table and the module disagree, with both values.
+    """
     i = table.info
     emb = module.ngram_embedding
     want = [
-        ("vocab_size", i["vocab_size"], module.unigram_vocab_size),
-        ("eos_token_id", i["eos_token_id"], int(module.eos_token_id)),
-        ("ngram_size", i["ngram_size"], module.ngram_size),
-        ("num_heads", i["num_heads"], module.ngram_heads),
-        ("head_dim", i["head_dim"], emb.embedding_dim),
-        ("ple_embed_dim", i["num_heads"] * i["head_dim"], module.ngram_heads * emb.embedding_dim),
+        ("vocab_size", i.vocab_size, module.unigram_vocab_size),
+        ("eos_token_id", i.eos_token_id, int(module.eos_token_id)),
+        ("ngram_size", i.ngram_size, module.ngram_size),
+        ("num_heads", i.num_heads, module.ngram_heads),
+        ("head_dim", i.head_dim, emb.embedding_dim),
+        ("ple_embed_dim", i.num_heads * i.head_dim, module.ngram_heads * emb.embedding_dim),
         ("ple_embed_dim (libple's)", PLE_EMBED_DIM, module.ngram_heads * emb.embedding_dim),
     ]
     for field, tv, mv in want:
@@ -266,7 +324,7 @@ def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
             raise ValueError(f"{table.path}: {field} differs: table {tv}, model ({name}) {mv}")
     got = table_hash_params(table)
     if not got:  # libple opens only the model's shape; a table that is not cannot be compared
-        raise ValueError(f"{table.path}: ngram_size {i['ngram_size']} / num_heads {i['num_heads']}: not served")
+        raise ValueError(f"{table.path}: ngram_size {i.ngram_size} / num_heads {i.num_heads}: not served")
     sizes = [int(x) for x in _buffer_values(module, "ngram_heads_vocab_sizes")]
     offsets = [int(x) for x in _buffer_values(module, "ngram_heads_offsets")]
     for field, mv in (("ngram_heads_vocab_sizes", sizes), ("ngram_heads_offsets", offsets)):
@@ -279,9 +337,9 @@ def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
                 f"{table.path}: layer_multipliers differ (hash seed or ple_layer_index): table "
                 f"{got['layer_multipliers']}, model ({name}) {mults} (first at index {j})"
             )
-    if i["total_rows"] != emb.num_embeddings:  # the same heads, other padding
+    if i.total_rows != emb.num_embeddings:  # the same heads, other padding
         raise ValueError(
-            f"{table.path}: total_rows differs: table {i['total_rows']}, model ({name}) {emb.num_embeddings}"
+            f"{table.path}: total_rows differs: table {i.total_rows}, model ({name}) {emb.num_embeddings}"
         )
 
 
@@ -289,12 +347,34 @@ def _ngram_modules(model: Any) -> List[Tuple[str, Any]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, NGramEmbedding)]
 
 
-def offload(model: Any, table_dir: Any, **table_options: Any) -> Any:
+def offload(model: Any, table_dir: PathLike, **table_options: Any) -> Any:
     """Replaces the model's ``Qwen4ExpTextNGramEmbedding`` with an `OffloadedNGramEmbedding`
-    reading `table_dir` (opened as ``ple.Table(table_dir, **table_options)``; `cuda_device`
-    defaults to the module's CUDA device, if any). The table is validated against the module
-    first: any mismatch raises ValueError naming the field and both values, and the model is left
-    unchanged. Returns the model."""
+    reading `table_dir`. The table is validated against the module first; on a mismatch the
+    model is left unchanged.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A Qwen4Exp model holding one n-gram module.
+    table_dir : str or os.PathLike
+        The packed table.
+    **table_options
+        `ple.Table` options (`TableOptions`); ``cuda_device`` defaults to the module's CUDA
+        device, if any.
+
+    Returns
+    -------
+    transformers.PreTrainedModel
+        `model`, changed in place.
+
+    Raises
+    ------
+    ValueError
+        The model holds no n-gram module or more than one, or the table differs from the module
+        (the message names the field and both values).
+    PleError
+        The table does not open (`PleNotFoundError`, `PleFormatError`, ...).
+    """
     found = _ngram_modules(model)
     if not found:
         raise ValueError(f"{type(model).__name__} holds no Qwen4ExpTextNGramEmbedding: nothing to offload")
@@ -353,7 +433,7 @@ class _WeightNotLoaded(torch.nn.Module):
 _SHARD_KEYS = r"ngram_embedding\.(weight\w*|shard_\d+\.\w+)$"
 
 
-def _without_ngram_weight(cls: type) -> type:
+def _without_ngram_weight(cls: Any) -> Any:  # a transformers model class (Any to mypy)
     """A subclass of `cls` whose instances swap each n-gram module's ``nn.Embedding`` for a
     `_WeightNotLoaded` right after construction (on the meta device, inside from_pretrained),
     and ignore the checkpoint's n-gram tensors."""
@@ -385,25 +465,48 @@ def _progress_bar() -> Any:
 
 
 def from_pretrained(
-    checkpoint_dir: Any,
-    table_dir: Any = None,
+    checkpoint_dir: PathLike,
+    table_dir: Optional[PathLike] = None,
     *,
     model_class: Any = None,
     table_options: Optional[Dict[str, Any]] = None,
     progress: bool = True,
     **kwargs: Any,
 ) -> Any:
-    """Loads a Qwen4Exp checkpoint (a local directory) with transformers without the n-gram
-    weight, packs its n-gram table into `table_dir` (default ``<checkpoint_dir>/ple-table``) when
-    that holds no table of this checkpoint yet (a progress bar while it packs), and offloads.
+    """Loads a Qwen4Exp checkpoint with transformers without the n-gram weight, packs its n-gram
+    table when `table_dir` holds no table of this checkpoint yet, and offloads (`offload`).
 
     The model is built by transformers on the meta device as usual; the n-gram module's
     ``nn.Embedding`` is replaced before loading by a stand-in without parameters, and the
     checkpoint's ``ngram_embedding.shard_*`` tensors are ignored keys, so they are never read.
-    `model_class` defaults to the class ``AutoModelForCausalLM`` picks for the config; `kwargs`
-    go to its ``from_pretrained`` (``dtype``, ``device_map``, ...); `table_options` to
-    ``ple.Table``. The table is opened with ``checkpoint_dir`` set, so a table packed from another
-    checkpoint is refused."""
+    The table is opened with ``checkpoint_dir`` set, so a table packed from another checkpoint
+    is refused.
+
+    Parameters
+    ----------
+    checkpoint_dir : str or os.PathLike
+        The checkpoint (a local directory).
+    table_dir : str or os.PathLike, optional
+        Where the table is (or is packed to); default ``<checkpoint_dir>/ple-table``.
+    model_class : type, optional
+        The model class; default the one ``AutoModelForCausalLM`` picks for the config.
+    table_options : dict, optional
+        `ple.Table` options (`TableOptions`).
+    progress : bool, default True
+        A progress bar while it packs.
+    **kwargs
+        Passed to the class's ``from_pretrained`` (``dtype``, ``device_map``, ...).
+
+    Returns
+    -------
+    transformers.PreTrainedModel
+        The model, its n-gram module served by libple.
+
+    Raises
+    ------
+    ValueError, PleError
+        As in `offload`, and `ple.pack`'s errors.
+    """
     checkpoint_dir = os.fspath(checkpoint_dir)
     table_dir = os.path.join(checkpoint_dir, "ple-table") if table_dir is None else os.fspath(table_dir)
     if model_class is None:
