@@ -369,7 +369,8 @@ typedef struct ple_info {
 } ple_info;
 
 /**
- * Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
+ * Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times
+ * are nanoseconds.
  */
 typedef struct ple_counters {
   /**
@@ -377,24 +378,36 @@ typedef struct ple_counters {
    */
   size_t struct_size;
   /**
-   * Steps completed, prefill and decode apart: a step is prefill when some request's span in it
-   * has more than 8 tokens, so speculative verification of up to 8 tokens counts as decode.
+   * Prefill steps completed (a step is prefill when some request's span in it has more than
+   * 8 tokens, so speculative verification of up to 8 tokens per request counts as decode).
    */
   uint64_t prefill_steps;
+  /**
+   * Decode steps completed.
+   */
   uint64_t decode_steps;
   /**
-   * Tokens and rows gathered, prefill and decode apart.
+   * Tokens of the prefill steps.
    */
   uint64_t prefill_tokens;
+  /**
+   * Tokens of the decode steps.
+   */
   uint64_t decode_tokens;
+  /**
+   * Rows gathered by the prefill steps.
+   */
   uint64_t prefill_rows;
+  /**
+   * Rows gathered by the decode steps.
+   */
   uint64_t decode_rows;
   /**
-   * Distinct 4 KiB pages the steps' rows touched (per step, summed).
+   * Distinct 4 KiB pages of the row file the steps' rows touched (per step, summed).
    */
   uint64_t unique_pages;
   /**
-   * Pages covered by WILLNEED prefetch ranges.
+   * Pages covered by the steps' prefetch (WILLNEED) ranges.
    */
   uint64_t pages_prefetched;
   /**
@@ -402,59 +415,84 @@ typedef struct ple_counters {
    */
   uint64_t prefetch_steps;
   /**
-   * Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
+   * Major page faults taken while gathering, on the threads that gather (getrusage
+   * RUSAGE_THREAD; other threads of the process are not counted).
    */
   uint64_t major_faults;
+  /**
+   * Minor page faults taken while gathering, counted as `major_faults` is.
+   */
   uint64_t minor_faults;
   /**
-   * Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the worker threads
-   * caused to be read (`/proc/thread-self/io` read_bytes).
+   * Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the gathering threads
+   * caused to be read (`/proc/thread-self/io` read_bytes; 0 without task I/O accounting).
    */
   uint64_t storage_read_bytes;
   /**
-   * Time spent per stage, summed over steps.
+   * Nanoseconds spent hashing tokens to row ids, summed over steps.
    */
   uint64_t hash_ns;
+  /**
+   * Nanoseconds spent issuing prefetches, summed over steps.
+   */
   uint64_t prefetch_ns;
+  /**
+   * Nanoseconds spent gathering rows, summed over steps.
+   */
   uint64_t gather_ns;
+  /**
+   * Nanoseconds spent copying rows host to device, summed over steps (0 on a CPU-only handle).
+   */
   uint64_t copy_ns;
   /**
-   * Time callers spent blocked in `ple_wait` / host waits.
+   * Nanoseconds callers spent blocked in waits (`ple_wait`, host waits, a full ring's wait).
    */
   uint64_t wait_ns;
   /**
-   * Submit-to-done latency summed, prefill and decode apart.
+   * Submit-to-done nanoseconds of the prefill steps, summed.
    */
   uint64_t prefill_step_ns;
+  /**
+   * Submit-to-done nanoseconds of the decode steps, summed.
+   */
   uint64_t decode_step_ns;
   /**
-   * Waits that timed out; steps that failed.
+   * Waits that ran past their timeout.
    */
   uint64_t timeouts;
+  /**
+   * Steps that failed.
+   */
   uint64_t failed_steps;
   /**
-   * On demand at the `ple_stats` call: table pages resident in the page cache (mincore), total table pages.
+   * Table pages resident in the page cache (mincore), measured when the counters are read.
    */
   uint64_t resident_pages;
+  /**
+   * Pages of the table, counted when the counters are read.
+   */
   uint64_t table_pages;
   /**
-   * On demand: MemAvailable from /proc/meminfo, bytes.
+   * MemAvailable of /proc/meminfo in bytes, read when the counters are read.
    */
   uint64_t mem_available_bytes;
   /**
-   * Time steps spent between `ple_submit` and the worker starting them, summed: queueing
-   * behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
+   * Nanoseconds steps spent between submit and the worker starting them, summed: queueing
+   * behind earlier steps and the worker's wake-up (part of the submit-to-done times).
    */
   uint64_t queue_ns;
   /**
-   * Rows copied from the row cache, and rows read from the table on a cache miss (0 without
-   * a cache): their sum is the rows of the steps gathered through the cache.
+   * Step rows copied from the row cache (0 without a cache).
    */
   uint64_t cache_hits;
+  /**
+   * Step rows read from the table on a row-cache miss (0 without a cache); `cache_hits +
+   * cache_misses` = the rows of the steps gathered through the cache.
+   */
   uint64_t cache_misses;
   /**
-   * Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
-   * `options.cache_bytes`.
+   * Rows the row cache holds × bytes per row (row, index and policy overhead), at most
+   * `cache_bytes`; measured when the counters are read.
    */
   uint64_t cache_bytes_used;
   /**
@@ -463,31 +501,41 @@ typedef struct ple_counters {
    */
   uint64_t storage_reads;
   /**
-   * Read-ahead (`ple_prefetch_ahead`, appended in 0.1.x): rows asked; read into the row cache
-   * (or the page cache); dropped (beyond `options.ahead_max_rows`, a failed read, the handle
-   * closing, or DIRECT mode without a row cache); found already cached when their turn came.
-   * Once the queue is drained, `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
+   * Read-ahead (`ple_prefetch_ahead`): rows asked. Once its queue is drained, `ahead_asked =
+   * ahead_read + ahead_dropped + ahead_cached`.
    */
   uint64_t ahead_asked;
+  /**
+   * Read-ahead rows read into the row cache (or the page cache).
+   */
   uint64_t ahead_read;
+  /**
+   * Read-ahead rows dropped: beyond `ahead_max_rows`, a failed read, the handle closing, or
+   * DIRECT mode without a row cache.
+   */
   uint64_t ahead_dropped;
+  /**
+   * Read-ahead rows found already cached when their turn came.
+   */
   uint64_t ahead_cached;
   /**
-   * Rows of steps found in the row cache that a read-ahead had brought in (part of
-   * `cache_hits`).
+   * Step rows found in the row cache that a read-ahead had brought in (part of `cache_hits`).
    */
   uint64_t ahead_hits;
   /**
-   * Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
-   * stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
-   * handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
-   * the ones the reaper has freed (their difference: handles still held by stalled reads).
+   * Process-wide, since start: handles whose close did not wait for their worker (a read
+   * stalled on the device past 30 ms) and went to a reaper thread, which frees the handle's
+   * ring, buffers and descriptors once the kernel completes the reads.
    */
   uint64_t abandoned_handles;
+  /**
+   * Process-wide, since start: the abandoned handles the reaper has freed
+   * (`abandoned_handles - reaped_handles` are still held by stalled reads).
+   */
   uint64_t reaped_handles;
   /**
-   * MMAP with `options.resident_bytes_max`: bytes of the table dropped from the page cache
-   * to keep within the cap.
+   * MMAP with `resident_bytes_max`: bytes of the table dropped from the page cache to keep
+   * within the cap.
    */
   uint64_t resident_dropped_bytes;
 } ple_counters;

@@ -8,7 +8,6 @@ use ple_core::invalid;
 use ple_core::io::direct::Backend;
 use ple_core::model::RowFormat;
 use ple_core::shard::Shard;
-use ple_core::stats::Counters;
 use ple_core::step::IoInfo;
 use ple_core::step::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
 use ple_core::{Error, Result};
@@ -307,89 +306,8 @@ pub struct ple_table_info {
     pub shard_heads: u32,
 }
 
-/// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
-#[allow(
-    missing_docs,
-    reason = "paired fields share one comment (prefill and decode, ...)"
-)]
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ple_stats {
-    /// Set by the caller to `sizeof(ple_counters)`.
-    pub struct_size: usize,
-    /// Steps completed, prefill and decode apart: a step is prefill when some request's span in it
-    /// has more than 8 tokens, so speculative verification of up to 8 tokens counts as decode.
-    pub prefill_steps: u64,
-    pub decode_steps: u64,
-    /// Tokens and rows gathered, prefill and decode apart.
-    pub prefill_tokens: u64,
-    pub decode_tokens: u64,
-    pub prefill_rows: u64,
-    pub decode_rows: u64,
-    /// Distinct 4 KiB pages the steps' rows touched (per step, summed).
-    pub unique_pages: u64,
-    /// Pages covered by WILLNEED prefetch ranges.
-    pub pages_prefetched: u64,
-    /// Steps that issued a prefetch.
-    pub prefetch_steps: u64,
-    /// Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
-    pub major_faults: u64,
-    pub minor_faults: u64,
-    /// Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the worker threads
-    /// caused to be read (`/proc/thread-self/io` read_bytes).
-    pub storage_read_bytes: u64,
-    /// Time spent per stage, summed over steps.
-    pub hash_ns: u64,
-    pub prefetch_ns: u64,
-    pub gather_ns: u64,
-    pub copy_ns: u64,
-    /// Time callers spent blocked in `ple_wait` / host waits.
-    pub wait_ns: u64,
-    /// Submit-to-done latency summed, prefill and decode apart.
-    pub prefill_step_ns: u64,
-    pub decode_step_ns: u64,
-    /// Waits that timed out; steps that failed.
-    pub timeouts: u64,
-    pub failed_steps: u64,
-    /// On demand at the `ple_stats` call: table pages resident in the page cache (mincore), total table pages.
-    pub resident_pages: u64,
-    pub table_pages: u64,
-    /// On demand: MemAvailable from /proc/meminfo, bytes.
-    pub mem_available_bytes: u64,
-    /// Time steps spent between `ple_submit` and the worker starting them, summed: queueing
-    /// behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
-    pub queue_ns: u64,
-    /// Rows copied from the row cache, and rows read from the table on a cache miss (0 without
-    /// a cache): their sum is the rows of the steps gathered through the cache.
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    /// Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
-    /// `options.cache_bytes`.
-    pub cache_bytes_used: u64,
-    /// Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
-    /// `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
-    pub storage_reads: u64,
-    /// Read-ahead (`ple_prefetch_ahead`, appended in 0.1.x): rows asked; read into the row cache
-    /// (or the page cache); dropped (beyond `options.ahead_max_rows`, a failed read, the handle
-    /// closing, or DIRECT mode without a row cache); found already cached when their turn came.
-    /// Once the queue is drained, `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
-    pub ahead_asked: u64,
-    pub ahead_read: u64,
-    pub ahead_dropped: u64,
-    pub ahead_cached: u64,
-    /// Rows of steps found in the row cache that a read-ahead had brought in (part of
-    /// `cache_hits`).
-    pub ahead_hits: u64,
-    /// Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
-    /// stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
-    /// handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
-    /// the ones the reaper has freed (their difference: handles still held by stalled reads).
-    pub abandoned_handles: u64,
-    pub reaped_handles: u64,
-    /// MMAP with `options.resident_bytes_max`: bytes of the table dropped from the page cache
-    /// to keep within the cap.
-    pub resident_dropped_bytes: u64,
-}
+// `ple_stats` (`ple_counters` in C) and `counters_to_c`, generated from the core's counter list.
+include!(concat!(env!("OUT_DIR"), "/ple_counters.rs"));
 
 // ---------------------------------------------------------------------------------------------
 // Conversions between the C structs and the core's typed values (the only place they happen)
@@ -603,50 +521,6 @@ pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
     c
 }
 
-/// `ple_counters` from the core's counters.
-pub fn counters_to_c(k: &Counters) -> ple_stats {
-    ple_stats {
-        struct_size: std::mem::size_of::<ple_stats>(),
-        prefill_steps: k.prefill_steps,
-        decode_steps: k.decode_steps,
-        prefill_tokens: k.prefill_tokens,
-        decode_tokens: k.decode_tokens,
-        prefill_rows: k.prefill_rows,
-        decode_rows: k.decode_rows,
-        unique_pages: k.unique_pages,
-        pages_prefetched: k.pages_prefetched,
-        prefetch_steps: k.prefetch_steps,
-        major_faults: k.major_faults,
-        minor_faults: k.minor_faults,
-        storage_read_bytes: k.storage_read_bytes,
-        hash_ns: k.hash_ns,
-        prefetch_ns: k.prefetch_ns,
-        gather_ns: k.gather_ns,
-        copy_ns: k.copy_ns,
-        wait_ns: k.wait_ns,
-        prefill_step_ns: k.prefill_step_ns,
-        decode_step_ns: k.decode_step_ns,
-        timeouts: k.timeouts,
-        failed_steps: k.failed_steps,
-        resident_pages: k.resident_pages,
-        table_pages: k.table_pages,
-        mem_available_bytes: k.mem_available_bytes,
-        queue_ns: k.queue_ns,
-        cache_hits: k.cache_hits,
-        cache_misses: k.cache_misses,
-        cache_bytes_used: k.cache_bytes_used,
-        storage_reads: k.storage_reads,
-        ahead_asked: k.ahead_asked,
-        ahead_read: k.ahead_read,
-        ahead_dropped: k.ahead_dropped,
-        ahead_cached: k.ahead_cached,
-        ahead_hits: k.ahead_hits,
-        abandoned_handles: ple_core::step::reaper::abandoned_handles(),
-        reaped_handles: ple_core::step::reaper::reaped_handles(),
-        resident_dropped_bytes: k.resident_dropped_bytes,
-    }
-}
-
 /// Checks and converts the output arguments of `ple_dequant_*`.
 pub fn out_args(dtype: ple_dtype, stride: usize, flags: ple_fuse_flags) -> Result<OutArgs> {
     let dtype = match dtype {
@@ -696,3 +570,31 @@ pub struct ple_token_batch {
 
 /// Size of the first version of `ple_token_batch` (through `context`).
 pub(crate) const PLE_TOKEN_BATCH_SIZE_V1: usize = std::mem::size_of::<ple_token_batch>();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ple_core::stats::Counters;
+
+    #[test]
+    fn counters_to_c_copies_every_counter_in_order() {
+        // `ple_counters` is `struct_size` then one uint64_t per counter, in the list's order
+        assert_eq!(
+            std::mem::size_of::<ple_stats>(),
+            8 + 8 * Counters::NAMES.len()
+        );
+        let values = std::array::from_fn(|i| 1000 + i as u64);
+        let c = counters_to_c(&Counters::from_values(values));
+        assert_eq!(c.struct_size, std::mem::size_of::<ple_stats>());
+        // SAFETY: `ple_stats` is repr(C): a usize then only u64 fields, so no padding; reading
+        // its bytes after `struct_size` as u64s is in bounds and aligned.
+        let after_size = unsafe {
+            std::slice::from_raw_parts(
+                (&c as *const ple_stats as *const u64).add(1),
+                Counters::NAMES.len(),
+            )
+        };
+        assert_eq!(after_size, &values[..]);
+        assert_eq!(c.ahead_hits, Counters::from_values(values).ahead_hits);
+    }
+}
