@@ -61,8 +61,14 @@
 #define PLE_CACHE_AUTO 18446744073709551615ull
 
 /* ==============================================================================================
- * Status codes
+ * Status codes and the values of the typed fields (PLE_FORMAT_*, PLE_IO_*, ...)
  * ============================================================================================== */
+
+/**
+ * Status code returned by every fallible libple call: `PLE_OK` (0) or a negative `PLE_E_*`
+ * (a `ple_status_code`).
+ */
+typedef int32_t ple_status;
 
 /**
  * The values a `ple_status` takes (a C enum, so negative codes need no parentheses).
@@ -114,6 +120,206 @@ typedef enum ple_status_code {
   PLE_E_OUT_OF_MEMORY = -10,
 } ple_status_code;
 
+/**
+ * Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
+ */
+typedef int32_t ple_format;
+
+/**
+ * The values of `ple_format`.
+ */
+typedef enum ple_format_code {
+  /**
+   * Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
+   */
+  PLE_FORMAT_NVFP4 = 1,
+  /**
+   * Row format `fp8`: 160 E4M3 bytes per row.
+   */
+  PLE_FORMAT_FP8 = 2,
+  /**
+   * Row format `bf16`: 160 little-endian bf16 per row.
+   */
+  PLE_FORMAT_BF16 = 3,
+} ple_format_code;
+
+/**
+ * Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
+ */
+typedef int32_t ple_dtype;
+
+/**
+ * The values of `ple_dtype`.
+ */
+typedef enum ple_dtype_code {
+  /**
+   * Output element type: IEEE float32.
+   */
+  PLE_DTYPE_F32 = 0,
+  /**
+   * Output element type: IEEE float16.
+   */
+  PLE_DTYPE_F16 = 1,
+  /**
+   * Output element type: bfloat16.
+   */
+  PLE_DTYPE_BF16 = 2,
+} ple_dtype_code;
+
+/**
+ * When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
+ */
+typedef int32_t ple_prefetch_policy;
+
+/**
+ * The values of `ple_prefetch_policy`.
+ */
+typedef enum ple_prefetch_policy_code {
+  /**
+   * Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
+   * decode included) unless a residency sample finds its pages cached (mincore of one page after
+   * cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
+   * prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
+   * advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
+   * or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
+   * issue WILLNEED overlapped with the gather.
+   */
+  PLE_PREFETCH_AUTO = 0,
+  /**
+   * Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
+   */
+  PLE_PREFETCH_ALWAYS = 1,
+  /**
+   * Prefetch policy: never prefetch (MADV_RANDOM faults only).
+   */
+  PLE_PREFETCH_NEVER = 2,
+} ple_prefetch_policy_code;
+
+/**
+ * How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
+ */
+typedef int32_t ple_io_mode;
+
+/**
+ * The values of `ple_io_mode`.
+ */
+typedef enum ple_io_mode_code {
+  /**
+   * I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
+   * its file, else MMAP (the default).
+   */
+  PLE_IO_AUTO = 0,
+  /**
+   * I/O mode: gather from the read-only mapping through the page cache.
+   */
+  PLE_IO_MMAP = 1,
+  /**
+   * I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
+   * `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
+   */
+  PLE_IO_DIRECT = 2,
+} ple_io_mode_code;
+
+/**
+ * How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
+ */
+typedef int32_t ple_io_backend;
+
+/**
+ * The values of `ple_io_backend`.
+ */
+typedef enum ple_io_backend_code {
+  /**
+   * I/O backend: none (MMAP mode: page faults and WILLNEED advice).
+   */
+  PLE_IO_BACKEND_MMAP = 0,
+  /**
+   * I/O backend: io_uring, a step's reads kept at depth 128.
+   */
+  PLE_IO_BACKEND_IO_URING = 1,
+  /**
+   * I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
+   */
+  PLE_IO_BACKEND_PREAD_POOL = 2,
+} ple_io_backend_code;
+
+/**
+ * What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
+ */
+typedef int32_t ple_ring_full_policy;
+
+/**
+ * The values of `ple_ring_full_policy`.
+ */
+typedef enum ple_ring_full_policy_code {
+  /**
+   * Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
+   */
+  PLE_RING_WAIT = 0,
+  /**
+   * Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
+   */
+  PLE_RING_ERROR = 1,
+} ple_ring_full_policy_code;
+
+/**
+ * How a GPU handle orders the kernel after a step (`ple_options.wait_mode`): a `PLE_WAIT_*` value.
+ */
+typedef int32_t ple_wait_mode;
+
+/**
+ * The values of `ple_wait_mode`.
+ */
+typedef enum ple_wait_mode_code {
+  /**
+   * GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
+   */
+  PLE_WAIT_AUTO = 0,
+  /**
+   * GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
+   */
+  PLE_WAIT_HOST = 1,
+  /**
+   * GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
+   */
+  PLE_WAIT_STREAM_OP = 2,
+  /**
+   * GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
+   */
+  PLE_WAIT_SPIN_KERNEL = 3,
+} ple_wait_mode_code;
+
+/**
+ * Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
+ */
+typedef int32_t ple_log_level;
+
+/**
+ * The values of `ple_log_level`.
+ */
+typedef enum ple_log_level_code {
+  /**
+   * Log level: errors.
+   */
+  PLE_LOG_ERROR = 1,
+  /**
+   * Log level: warnings (and errors).
+   */
+  PLE_LOG_WARN = 2,
+  /**
+   * Log level: information.
+   */
+  PLE_LOG_INFO = 3,
+  /**
+   * Log level: debugging detail (every error returned, with its text).
+   */
+  PLE_LOG_DEBUG = 4,
+  /**
+   * Log level: everything.
+   */
+  PLE_LOG_TRACE = 5,
+} ple_log_level_code;
+
 /* ==============================================================================================
  * Types: handle, options, table facts, counters, batches, callbacks
  * ============================================================================================== */
@@ -131,16 +337,6 @@ typedef enum ple_status_code {
  */
 typedef struct ple_handle ple_handle;
 
-/**
- * Status code returned by every fallible libple call: `PLE_OK` (0) or a negative `PLE_E_*`
- * (a `ple_status_code`).
- */
-typedef int32_t ple_status;
-
-/**
- * Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
- */
-typedef int32_t ple_log_level;
 
 /**
  * Log callback: `level` a `PLE_LOG_*` value; `message` is valid only during the call. Runs on
@@ -148,25 +344,7 @@ typedef int32_t ple_log_level;
  */
 typedef void (*ple_log_fn)(ple_log_level level, const char *message, void *user_data);
 
-/**
- * When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
- */
-typedef int32_t ple_prefetch_policy;
 
-/**
- * What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
- */
-typedef int32_t ple_ring_full_policy;
-
-/**
- * How a GPU handle orders the kernel after a step (`ple_options.wait_mode`): a `PLE_WAIT_*` value.
- */
-typedef int32_t ple_wait_mode;
-
-/**
- * How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
- */
-typedef int32_t ple_io_mode;
 
 /**
  * Options for `ple_open`. Always initialise with `ple_options_default()`, then change fields:
@@ -275,15 +453,6 @@ typedef struct ple_options {
   uint64_t resident_bytes_max;
 } ple_options;
 
-/**
- * Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
- */
-typedef int32_t ple_format;
-
-/**
- * How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
- */
-typedef int32_t ple_io_backend;
 
 /**
  * Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
@@ -577,11 +746,6 @@ typedef struct ple_batch {
 } ple_batch;
 
 /**
- * Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
- */
-typedef int32_t ple_dtype;
-
-/**
  * Flags of `ple_dequant_*`: `PLE_FUSE_*` bits.
  */
 typedef uint32_t ple_fuse_flags;
@@ -660,151 +824,13 @@ typedef struct ple_pack_options {
 typedef int32_t (*ple_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user_data);
 
 /* ==============================================================================================
- * Values of the typed fields and arguments (PLE_FORMAT_*, PLE_DTYPE_*, ...)
+ * Values of the flag fields and arguments (PLE_FUSE_*)
  * ============================================================================================== */
-
-/**
- * Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
- */
-#define PLE_FORMAT_NVFP4 1
-
-/**
- * Row format `fp8`: 160 E4M3 bytes per row.
- */
-#define PLE_FORMAT_FP8 2
-
-/**
- * Row format `bf16`: 160 little-endian bf16 per row.
- */
-#define PLE_FORMAT_BF16 3
-
-/**
- * Output element type: IEEE float32.
- */
-#define PLE_DTYPE_F32 0
-
-/**
- * Output element type: IEEE float16.
- */
-#define PLE_DTYPE_F16 1
-
-/**
- * Output element type: bfloat16.
- */
-#define PLE_DTYPE_BF16 2
 
 /**
  * `ple_dequant_*` flag: add into `out` instead of overwriting it.
  */
 #define PLE_FUSE_ACCUMULATE 1
-
-/**
- * Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
- * decode included) unless a residency sample finds its pages cached (mincore of one page after
- * cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
- * prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
- * advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
- * or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
- * issue WILLNEED overlapped with the gather.
- */
-#define PLE_PREFETCH_AUTO 0
-
-/**
- * Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
- */
-#define PLE_PREFETCH_ALWAYS 1
-
-/**
- * Prefetch policy: never prefetch (MADV_RANDOM faults only).
- */
-#define PLE_PREFETCH_NEVER 2
-
-/**
- * I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
- * its file, else MMAP (the default).
- */
-#define PLE_IO_AUTO 0
-
-/**
- * I/O mode: gather from the read-only mapping through the page cache.
- */
-#define PLE_IO_MMAP 1
-
-/**
- * I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
- * `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
- */
-#define PLE_IO_DIRECT 2
-
-/**
- * I/O backend: none (MMAP mode: page faults and WILLNEED advice).
- */
-#define PLE_IO_BACKEND_MMAP 0
-
-/**
- * I/O backend: io_uring, a step's reads kept at depth 128.
- */
-#define PLE_IO_BACKEND_IO_URING 1
-
-/**
- * I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
- */
-#define PLE_IO_BACKEND_PREAD_POOL 2
-
-/**
- * Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
- */
-#define PLE_RING_WAIT 0
-
-/**
- * Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
- */
-#define PLE_RING_ERROR 1
-
-/**
- * GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
- */
-#define PLE_WAIT_AUTO 0
-
-/**
- * GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
- */
-#define PLE_WAIT_HOST 1
-
-/**
- * GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
- */
-#define PLE_WAIT_STREAM_OP 2
-
-/**
- * GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
- */
-#define PLE_WAIT_SPIN_KERNEL 3
-
-/**
- * Log level: errors.
- */
-#define PLE_LOG_ERROR 1
-
-/**
- * Log level: warnings (and errors).
- */
-#define PLE_LOG_WARN 2
-
-/**
- * Log level: information.
- */
-#define PLE_LOG_INFO 3
-
-/**
- * Log level: debugging detail (every error returned, with its text).
- */
-#define PLE_LOG_DEBUG 4
-
-/**
- * Log level: everything.
- */
-#define PLE_LOG_TRACE 5
 
 #ifdef __cplusplus
 extern "C" {

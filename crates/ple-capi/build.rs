@@ -44,8 +44,22 @@ fn main() {
     let header = out_dir.join("ple.h");
     // The header's sections, in this order: one source file each.
     let mut b = cbindgen::Builder::new().with_config(config);
+    let mut all_enums = Vec::new();
     for f in SECTIONS {
-        b = b.with_src(crate_dir.join("src").join(f));
+        let src = crate_dir.join("src").join(f);
+        let text = std::fs::read_to_string(&src).expect("a C API source file");
+        b = b.with_src(&src);
+        // the file's `c_enum!` lists, written out as plain enums for cbindgen
+        let (enums, names) = c_enums_source(&text);
+        if !names.is_empty() {
+            let enums_file = out_dir.join(format!("c_enums_{f}"));
+            std::fs::write(&enums_file, enums).expect("writing the C enums");
+            b = b.with_src(&enums_file);
+            for n in &names {
+                b = b.include_item(n);
+            }
+            all_enums.extend(names);
+        }
         if *f == "types.rs" {
             b = b.with_src(&counters);
         }
@@ -55,6 +69,7 @@ fn main() {
         .expect("cbindgen failed on the C API sources")
         .write(&mut text);
     let text = String::from_utf8(text).expect("cbindgen writes UTF-8");
+    let text = with_typedefs_beside_enums(&text, &all_enums);
     std::fs::write(&header, with_banners(&text)).expect("writing the generated header");
 }
 
@@ -62,14 +77,17 @@ fn main() {
 /// orders items by kind (constants, types, functions), so the sections follow that order.
 const BANNERS: &[(&str, &str)] = &[
     ("Versions and limits", "#define PLE_VERSION_MAJOR"),
-    ("Status codes", "typedef enum ple_status_code"),
+    (
+        "Status codes and the values of the typed fields (PLE_FORMAT_*, PLE_IO_*, ...)",
+        "typedef int32_t ple_status;",
+    ),
     (
         "Types: handle, options, table facts, counters, batches, callbacks",
         "typedef struct ple_handle",
     ),
     (
-        "Values of the typed fields and arguments (PLE_FORMAT_*, PLE_DTYPE_*, ...)",
-        "#define PLE_FORMAT_NVFP4",
+        "Values of the flag fields and arguments (PLE_FUSE_*)",
+        "#define PLE_FUSE_ACCUMULATE",
     ),
     (
         "Errors, versions and logging",
@@ -93,6 +111,46 @@ const BANNERS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The first line of the item at line `at`: back over its doc comment (`/** ... */`), if any.
+fn item_start(lines: &[String], at: usize) -> usize {
+    let mut start = at;
+    if start > 0 && lines[start - 1].trim_start().starts_with("*/") {
+        while start > 0 && !lines[start - 1].trim_start().starts_with("/**") {
+            start -= 1;
+        }
+        start -= 1;
+    }
+    start
+}
+
+/// Moves the typedef of each `c_enum!` (`typedef int32_t ple_x;` for the enum `ple_x_code`), with
+/// its doc, to just before the enum: cbindgen puts the enums first and each typedef before its
+/// first use, and the values belong beside their type.
+fn with_typedefs_beside_enums(text: &str, enums: &[String]) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    for e in enums {
+        let ty = e
+            .strip_suffix("_code")
+            .unwrap_or_else(|| panic!("{e}: not NAME_code"));
+        let def = lines
+            .iter()
+            .position(|l| l.starts_with("typedef ") && l.ends_with(&format!(" {ty};")))
+            .unwrap_or_else(|| panic!("no typedef of {ty} in the header"));
+        let block: Vec<String> = lines.drain(item_start(&lines, def)..=def).collect();
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("typedef enum {e} ")))
+            .unwrap_or_else(|| panic!("no enum {e} in the header"));
+        let at = item_start(&lines, at);
+        // drop the blank line the typedef leaves behind, keep one between typedef and enum
+        let _ = lines.splice(at..at, block.into_iter().chain([String::new()]));
+    }
+    let mut out = lines.join("\n");
+    out = out.replace("\n\n\n", "\n\n");
+    out.push('\n');
+    out
+}
+
 /// Inserts a banner before the doc comment of each section's first item (the generated header
 /// stays generated: the banners come from [`BANNERS`], and a missing anchor fails the build).
 fn with_banners(text: &str) -> String {
@@ -102,14 +160,7 @@ fn with_banners(text: &str) -> String {
             .iter()
             .position(|l| l.starts_with(anchor))
             .unwrap_or_else(|| panic!("header banner anchor {anchor:?} not found"));
-        // back over the item's doc comment (`/** ... */`)
-        let mut start = at;
-        if start > 0 && lines[start - 1].trim_start().starts_with("*/") {
-            while start > 0 && !lines[start - 1].trim_start().starts_with("/**") {
-                start -= 1;
-            }
-            start -= 1;
-        }
+        let start = item_start(&lines, at);
         let rule = "/* ".to_owned() + &"=".repeat(94);
         lines.splice(
             start..start,
@@ -184,4 +235,48 @@ pub fn counters_to_c(k: &ple_core::stats::Counters) -> ple_stats {{
 }}
 "
     )
+}
+
+/// The `c_enum!` lists of a source file (see the macro in types.rs) as plain `#[repr(C)]` enums,
+/// with their docs, and the enums' names: cbindgen does not expand macros, so it reads these.
+fn c_enums_source(text: &str) -> (String, Vec<String>) {
+    let mut out = String::new();
+    let mut names = Vec::new();
+    let mut doc = String::new();
+    let mut inside = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.is_empty() || (t.starts_with("//") && !t.starts_with("///")) {
+            continue;
+        }
+        if !inside {
+            inside = t == "c_enum! {";
+            continue;
+        }
+        if let Some(d) = t.strip_prefix("///") {
+            doc.push_str(&format!("///{d}\n"));
+        } else if let Some(head) = t.strip_prefix("enum ") {
+            let name = head.split(':').next().expect("enum NAME: ...").trim();
+            out.push_str(&format!("{doc}#[repr(C)]\npub enum {name} {{\n"));
+            names.push(name.to_owned());
+            doc.clear();
+        } else if t == "}" && line.starts_with('}') {
+            inside = false;
+        } else if t == "}" {
+            out.push_str("}\n\n");
+        } else {
+            // `NAME = VALUE [=> (CORE)],`: cbindgen needs `NAME = VALUE,`
+            let entry = t
+                .strip_suffix(',')
+                .unwrap_or_else(|| panic!("c_enum!: {t:?}"));
+            let value = entry.split(" => ").next().unwrap_or(entry);
+            assert!(
+                value.contains(" = "),
+                "c_enum!: {t:?} is not `NAME = VALUE [=> (CORE)],`"
+            );
+            out.push_str(&format!("{doc}{value},\n"));
+            doc.clear();
+        }
+    }
+    (out, names)
 }

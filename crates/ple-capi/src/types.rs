@@ -14,6 +14,80 @@ use ple_core::{Error, Result};
 use std::ffi::{CStr, c_char, c_void};
 use std::path::PathBuf;
 
+/// Declares a C enum once: its values, with their docs, and the core value each stands for.
+///
+/// ```text
+/// c_enum! {
+///     /// The values of `ple_x` (doc of the C enum).
+///     enum ple_x_code: ple_x, CoreType {
+///         /// Doc of the value.
+///         PLE_X_A = 0 => (CoreType::A),
+///         PLE_X_B = 1,                   // no core value: `from_c` gives None for it
+///     }
+/// }
+/// ```
+///
+/// expands to the `#[repr(C)]` enum (which build.rs also writes out, from this same text, for
+/// cbindgen: the header gets `typedef enum ple_x_code {...}` beside the `ple_x` typedef), a
+/// `ple_x` constant per value (Rust callers use these, C the enumerators), and on the enum:
+/// `name` (the value's name as a C string), `from_c` (the core value of a C value, None when it
+/// is not one) and `to_c` (the C value of a core value; the match is exhaustive over the core
+/// type, so a core variant without a C value does not compile).
+macro_rules! c_enum {
+    (
+        $(#[doc = $edoc:literal])*
+        enum $enum:ident: $ty:ident, $core:ty {
+            $($(#[doc = $doc:literal])* $name:ident = $val:literal $(=> $core_v:tt)?,)*
+        }
+    ) => {
+        $(#[doc = $edoc])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $enum {
+            $($(#[doc = $doc])* $name = $val,)*
+        }
+
+        $($(#[doc = $doc])* pub const $name: $ty = $enum::$name as $ty;)*
+
+        #[allow(unused_parens, reason = "the core values come in parentheses")]
+        impl $enum {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($name),*];
+
+            /// The name of a value (`"PLE_..."`), or None when `v` is not one of the values.
+            pub fn name(v: $ty) -> Option<&'static std::ffi::CStr> {
+                match v {
+                    $($name => Some(
+                        match std::ffi::CStr::from_bytes_with_nul(
+                            concat!(stringify!($name), "\0").as_bytes(),
+                        ) {
+                            Ok(s) => s,
+                            Err(_) => unreachable!(),
+                        },
+                    ),)*
+                    _ => None,
+                }
+            }
+
+            /// The core value `v` stands for (None: not a value, or one without a core value).
+            pub fn from_c(v: $ty) -> Option<$core> {
+                match v {
+                    $($($name => Some($core_v),)?)*
+                    _ => None,
+                }
+            }
+
+            /// The C value of a core value.
+            pub fn to_c(c: $core) -> $ty {
+                match c {
+                    $($($core_v => $name,)?)*
+                }
+            }
+        }
+    };
+}
+pub(crate) use c_enum;
+
 /// Major version of this header and library.
 pub const PLE_VERSION_MAJOR: u32 = 0;
 /// Minor version (the ABI changes with it while the major version is 0).
@@ -39,22 +113,32 @@ pub const PLE_CACHE_AUTO: u64 = 0xFFFF_FFFF_FFFF_FFFF;
 /// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
 pub type ple_format = i32;
 
-/// Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
-pub const PLE_FORMAT_NVFP4: ple_format = 1;
-/// Row format `fp8`: 160 E4M3 bytes per row.
-pub const PLE_FORMAT_FP8: ple_format = 2;
-/// Row format `bf16`: 160 little-endian bf16 per row.
-pub const PLE_FORMAT_BF16: ple_format = 3;
+c_enum! {
+    /// The values of `ple_format`.
+    enum ple_format_code: ple_format, RowFormat {
+        /// Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
+        PLE_FORMAT_NVFP4 = 1 => (RowFormat::Nvfp4),
+        /// Row format `fp8`: 160 E4M3 bytes per row.
+        PLE_FORMAT_FP8 = 2 => (RowFormat::Fp8),
+        /// Row format `bf16`: 160 little-endian bf16 per row.
+        PLE_FORMAT_BF16 = 3 => (RowFormat::Bf16),
+    }
+}
 
 /// Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
 pub type ple_dtype = i32;
 
-/// Output element type: IEEE float32.
-pub const PLE_DTYPE_F32: ple_dtype = 0;
-/// Output element type: IEEE float16.
-pub const PLE_DTYPE_F16: ple_dtype = 1;
-/// Output element type: bfloat16.
-pub const PLE_DTYPE_BF16: ple_dtype = 2;
+c_enum! {
+    /// The values of `ple_dtype`.
+    enum ple_dtype_code: ple_dtype, Dtype {
+        /// Output element type: IEEE float32.
+        PLE_DTYPE_F32 = 0 => (Dtype::F32),
+        /// Output element type: IEEE float16.
+        PLE_DTYPE_F16 = 1 => (Dtype::F16),
+        /// Output element type: bfloat16.
+        PLE_DTYPE_BF16 = 2 => (Dtype::Bf16),
+    }
+}
 
 /// Flags of `ple_dequant_*`: `PLE_FUSE_*` bits.
 pub type ple_fuse_flags = u32;
@@ -65,60 +149,85 @@ pub const PLE_FUSE_ACCUMULATE: ple_fuse_flags = 1;
 /// When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
 pub type ple_prefetch_policy = i32;
 
-/// Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
-/// decode included) unless a residency sample finds its pages cached (mincore of one page after
-/// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
-/// prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
-/// advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
-/// or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
-/// issue WILLNEED overlapped with the gather.
-pub const PLE_PREFETCH_AUTO: ple_prefetch_policy = 0;
-/// Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
-pub const PLE_PREFETCH_ALWAYS: ple_prefetch_policy = 1;
-/// Prefetch policy: never prefetch (MADV_RANDOM faults only).
-pub const PLE_PREFETCH_NEVER: ple_prefetch_policy = 2;
+c_enum! {
+    /// The values of `ple_prefetch_policy`.
+    enum ple_prefetch_policy_code: ple_prefetch_policy, PrefetchPolicy {
+        /// Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
+        /// decode included) unless a residency sample finds its pages cached (mincore of one page after
+        /// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
+        /// prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
+        /// advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
+        /// or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
+        /// issue WILLNEED overlapped with the gather.
+        PLE_PREFETCH_AUTO = 0 => (PrefetchPolicy::Auto),
+        /// Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
+        PLE_PREFETCH_ALWAYS = 1 => (PrefetchPolicy::Always),
+        /// Prefetch policy: never prefetch (MADV_RANDOM faults only).
+        PLE_PREFETCH_NEVER = 2 => (PrefetchPolicy::Never),
+    }
+}
 
 /// How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
 pub type ple_io_mode = i32;
 
-/// I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
-/// its file, else MMAP (the default).
-pub const PLE_IO_AUTO: ple_io_mode = 0;
-/// I/O mode: gather from the read-only mapping through the page cache.
-pub const PLE_IO_MMAP: ple_io_mode = 1;
-/// I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
-/// `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
-pub const PLE_IO_DIRECT: ple_io_mode = 2;
+c_enum! {
+    /// The values of `ple_io_mode`.
+    enum ple_io_mode_code: ple_io_mode, IoMode {
+        /// I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
+        /// its file, else MMAP (the default).
+        PLE_IO_AUTO = 0 => (IoMode::Auto),
+        /// I/O mode: gather from the read-only mapping through the page cache.
+        PLE_IO_MMAP = 1 => (IoMode::Mmap),
+        /// I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
+        /// `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
+        PLE_IO_DIRECT = 2 => (IoMode::Direct),
+    }
+}
 
 /// How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
 pub type ple_io_backend = i32;
 
-/// I/O backend: none (MMAP mode: page faults and WILLNEED advice).
-pub const PLE_IO_BACKEND_MMAP: ple_io_backend = 0;
-/// I/O backend: io_uring, a step's reads kept at depth 128.
-pub const PLE_IO_BACKEND_IO_URING: ple_io_backend = 1;
-/// I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
-pub const PLE_IO_BACKEND_PREAD_POOL: ple_io_backend = 2;
+c_enum! {
+    /// The values of `ple_io_backend`.
+    enum ple_io_backend_code: ple_io_backend, Option<Backend> {
+        /// I/O backend: none (MMAP mode: page faults and WILLNEED advice).
+        PLE_IO_BACKEND_MMAP = 0 => (None),
+        /// I/O backend: io_uring, a step's reads kept at depth 128.
+        PLE_IO_BACKEND_IO_URING = 1 => (Some(Backend::IoUring)),
+        /// I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
+        PLE_IO_BACKEND_PREAD_POOL = 2 => (Some(Backend::PreadPool)),
+    }
+}
 
 /// What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
 pub type ple_ring_full_policy = i32;
 
-/// Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
-pub const PLE_RING_WAIT: ple_ring_full_policy = 0;
-/// Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
-pub const PLE_RING_ERROR: ple_ring_full_policy = 1;
+c_enum! {
+    /// The values of `ple_ring_full_policy`.
+    enum ple_ring_full_policy_code: ple_ring_full_policy, RingFullPolicy {
+        /// Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
+        PLE_RING_WAIT = 0 => (RingFullPolicy::Wait),
+        /// Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
+        PLE_RING_ERROR = 1 => (RingFullPolicy::Error),
+    }
+}
 
 /// How a GPU handle orders the kernel after a step (`ple_options.wait_mode`): a `PLE_WAIT_*` value.
 pub type ple_wait_mode = i32;
 
-/// GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
-pub const PLE_WAIT_AUTO: ple_wait_mode = 0;
-/// GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
-pub const PLE_WAIT_HOST: ple_wait_mode = 1;
-/// GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
-pub const PLE_WAIT_STREAM_OP: ple_wait_mode = 2;
-/// GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
-pub const PLE_WAIT_SPIN_KERNEL: ple_wait_mode = 3;
+c_enum! {
+    /// The values of `ple_wait_mode`.
+    enum ple_wait_mode_code: ple_wait_mode, WaitMode {
+        /// GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
+        PLE_WAIT_AUTO = 0 => (WaitMode::Auto),
+        /// GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
+        PLE_WAIT_HOST = 1 => (WaitMode::Host),
+        /// GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
+        PLE_WAIT_STREAM_OP = 2 => (WaitMode::StreamOp),
+        /// GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
+        PLE_WAIT_SPIN_KERNEL = 3 => (WaitMode::SpinKernel),
+    }
+}
 
 /// Options for `ple_open`. Always initialise with `ple_options_default()`, then change fields:
 /// `struct_size` lets later versions add fields without breaking callers.
@@ -215,16 +324,21 @@ pub type ple_progress_fn =
 /// Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
 pub type ple_log_level = i32;
 
-/// Log level: errors.
-pub const PLE_LOG_ERROR: ple_log_level = 1;
-/// Log level: warnings (and errors).
-pub const PLE_LOG_WARN: ple_log_level = 2;
-/// Log level: information.
-pub const PLE_LOG_INFO: ple_log_level = 3;
-/// Log level: debugging detail (every error returned, with its text).
-pub const PLE_LOG_DEBUG: ple_log_level = 4;
-/// Log level: everything.
-pub const PLE_LOG_TRACE: ple_log_level = 5;
+c_enum! {
+    /// The values of `ple_log_level`.
+    enum ple_log_level_code: ple_log_level, log::Level {
+        /// Log level: errors.
+        PLE_LOG_ERROR = 1 => (log::Level::Error),
+        /// Log level: warnings (and errors).
+        PLE_LOG_WARN = 2 => (log::Level::Warn),
+        /// Log level: information.
+        PLE_LOG_INFO = 3 => (log::Level::Info),
+        /// Log level: debugging detail (every error returned, with its text).
+        PLE_LOG_DEBUG = 4 => (log::Level::Debug),
+        /// Log level: everything.
+        PLE_LOG_TRACE = 5 => (log::Level::Trace),
+    }
+}
 
 /// Log callback: `level` a `PLE_LOG_*` value; `message` is valid only during the call. Runs on
 /// libple's own log thread, never inside another libple call (see `ple_set_log_callback`).
@@ -320,33 +434,17 @@ pub fn options_to_c(o: &OpenOptions) -> ple_options {
         max_tokens_per_step: o.max_tokens_per_step,
         max_in_flight: o.max_in_flight,
         num_threads: o.num_threads,
-        prefetch_policy: match o.prefetch_policy {
-            PrefetchPolicy::Auto => PLE_PREFETCH_AUTO,
-            PrefetchPolicy::Always => PLE_PREFETCH_ALWAYS,
-            PrefetchPolicy::Never => PLE_PREFETCH_NEVER,
-        },
+        prefetch_policy: ple_prefetch_policy_code::to_c(o.prefetch_policy),
         prefetch_min_rows: o.prefetch_min_rows,
-        ring_full_policy: match o.ring_full_policy {
-            RingFullPolicy::Wait => PLE_RING_WAIT,
-            RingFullPolicy::Error => PLE_RING_ERROR,
-        },
+        ring_full_policy: ple_ring_full_policy_code::to_c(o.ring_full_policy),
         wait_timeout_us: o.wait_timeout_us,
         history_window: o.history_window,
         cuda_device: o.cuda_device,
-        wait_mode: match o.wait_mode {
-            WaitMode::Auto => PLE_WAIT_AUTO,
-            WaitMode::Host => PLE_WAIT_HOST,
-            WaitMode::StreamOp => PLE_WAIT_STREAM_OP,
-            WaitMode::SpinKernel => PLE_WAIT_SPIN_KERNEL,
-        },
+        wait_mode: ple_wait_mode_code::to_c(o.wait_mode),
         config_json_path: std::ptr::null(),
         checkpoint_dir: std::ptr::null(),
         cache_bytes: o.cache_bytes,
-        io_mode: match o.io_mode {
-            IoMode::Auto => PLE_IO_AUTO,
-            IoMode::Mmap => PLE_IO_MMAP,
-            IoMode::Direct => PLE_IO_DIRECT,
-        },
+        io_mode: ple_io_mode_code::to_c(o.io_mode),
         shard_count: o.shard.count,
         shard_index: o.shard.index,
         ahead_max_rows: o.ahead_max_rows,
@@ -373,36 +471,43 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
         max_tokens_per_step: c.max_tokens_per_step,
         max_in_flight: c.max_in_flight,
         num_threads: c.num_threads,
-        prefetch_policy: match c.prefetch_policy {
-            PLE_PREFETCH_AUTO => PrefetchPolicy::Auto,
-            PLE_PREFETCH_ALWAYS => PrefetchPolicy::Always,
-            PLE_PREFETCH_NEVER => PrefetchPolicy::Never,
-            v => return invalid!("options.prefetch_policy {v} is not a PLE_PREFETCH_* value"),
+        prefetch_policy: match ple_prefetch_policy_code::from_c(c.prefetch_policy) {
+            Some(p) => p,
+            None => {
+                return invalid!(
+                    "options.prefetch_policy {} is not a PLE_PREFETCH_* value",
+                    c.prefetch_policy
+                );
+            }
         },
         prefetch_min_rows: c.prefetch_min_rows,
-        ring_full_policy: match c.ring_full_policy {
-            PLE_RING_WAIT => RingFullPolicy::Wait,
-            PLE_RING_ERROR => RingFullPolicy::Error,
-            v => return invalid!("options.ring_full_policy {v} is not a PLE_RING_* value"),
+        ring_full_policy: match ple_ring_full_policy_code::from_c(c.ring_full_policy) {
+            Some(p) => p,
+            None => {
+                return invalid!(
+                    "options.ring_full_policy {} is not a PLE_RING_* value",
+                    c.ring_full_policy
+                );
+            }
         },
         wait_timeout_us: c.wait_timeout_us,
         history_window: c.history_window,
         cuda_device: c.cuda_device,
-        wait_mode: match c.wait_mode {
-            PLE_WAIT_AUTO => WaitMode::Auto,
-            PLE_WAIT_HOST => WaitMode::Host,
-            PLE_WAIT_STREAM_OP => WaitMode::StreamOp,
-            PLE_WAIT_SPIN_KERNEL => WaitMode::SpinKernel,
-            v => return invalid!("options.wait_mode {v} is not a PLE_WAIT_* value"),
+        wait_mode: match ple_wait_mode_code::from_c(c.wait_mode) {
+            Some(m) => m,
+            None => {
+                return invalid!(
+                    "options.wait_mode {} is not a PLE_WAIT_* value",
+                    c.wait_mode
+                );
+            }
         },
         config_json_path: path(c.config_json_path, "config_json_path")?,
         checkpoint_dir: path(c.checkpoint_dir, "checkpoint_dir")?,
         cache_bytes: c.cache_bytes,
-        io_mode: match c.io_mode {
-            PLE_IO_AUTO => IoMode::Auto,
-            PLE_IO_MMAP => IoMode::Mmap,
-            PLE_IO_DIRECT => IoMode::Direct,
-            v => return invalid!("options.io_mode {v} is not a PLE_IO_* value"),
+        io_mode: match ple_io_mode_code::from_c(c.io_mode) {
+            Some(m) => m,
+            None => return invalid!("options.io_mode {} is not a PLE_IO_* value", c.io_mode),
         },
         // (range-checked by `validate` below)
         shard: Shard {
@@ -452,11 +557,7 @@ pub fn pack_options_from_c(c: &ple_pack_options) -> Result<PackOptions> {
 
 /// The `PLE_FORMAT_*` value of a row format.
 pub fn format_code(f: RowFormat) -> ple_format {
-    match f {
-        RowFormat::Nvfp4 => PLE_FORMAT_NVFP4,
-        RowFormat::Fp8 => PLE_FORMAT_FP8,
-        RowFormat::Bf16 => PLE_FORMAT_BF16,
-    }
+    ple_format_code::to_c(f)
 }
 
 /// Copies `s` into a fixed C char array: truncated at a UTF-8 boundary, NUL-terminated.
@@ -505,11 +606,7 @@ pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
             IoMode::Direct => PLE_IO_DIRECT,
             _ => PLE_IO_MMAP,
         },
-        io_backend: match io.backend {
-            None => PLE_IO_BACKEND_MMAP,
-            Some(Backend::IoUring) => PLE_IO_BACKEND_IO_URING,
-            Some(Backend::PreadPool) => PLE_IO_BACKEND_PREAD_POOL,
-        },
+        io_backend: ple_io_backend_code::to_c(io.backend),
         cache_bytes: io.cache_bytes,
         shard_index: i.shard.index,
         shard_count: i.shard.count,
@@ -523,11 +620,8 @@ pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
 
 /// Checks and converts the output arguments of `ple_dequant_*`.
 pub fn out_args(dtype: ple_dtype, stride: usize, flags: ple_fuse_flags) -> Result<OutArgs> {
-    let dtype = match dtype {
-        PLE_DTYPE_F32 => Dtype::F32,
-        PLE_DTYPE_F16 => Dtype::F16,
-        PLE_DTYPE_BF16 => Dtype::Bf16,
-        d => return invalid!("out_dtype {d} is not a PLE_DTYPE_* value"),
+    let Some(dtype) = ple_dtype_code::from_c(dtype) else {
+        return invalid!("out_dtype {dtype} is not a PLE_DTYPE_* value");
     };
     if flags & !PLE_FUSE_ACCUMULATE != 0 {
         return invalid!("flags {flags:#x} has bits other than PLE_FUSE_ACCUMULATE");
@@ -575,6 +669,79 @@ pub(crate) const PLE_TOKEN_BATCH_SIZE_V1: usize = std::mem::size_of::<ple_token_
 mod tests {
     use super::*;
     use ple_core::stats::Counters;
+
+    /// Every value of a `c_enum!` has a distinct value and its own name, and the values that
+    /// stand for a core value convert there and back.
+    macro_rules! check_enum {
+        ($e:ident, $core_values:expr) => {{
+            let mut seen = std::collections::HashSet::new();
+            for &v in $e::ALL {
+                assert!(seen.insert(v), "{}: value {v} twice", stringify!($e));
+                let name = $e::name(v).unwrap().to_str().unwrap();
+                assert!(name.starts_with("PLE_"), "{name}");
+                if let Some(c) = $e::from_c(v) {
+                    assert_eq!($e::to_c(c), v, "{name}");
+                }
+            }
+            for c in $core_values {
+                assert_eq!($e::from_c($e::to_c(c)), Some(c));
+            }
+            assert_eq!($e::name(12345), None);
+            assert_eq!($e::from_c(12345), None);
+        }};
+    }
+
+    #[test]
+    fn c_enums_are_consistent() {
+        use ple_core::ErrorKind as K;
+        check_enum!(
+            ple_format_code,
+            [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16]
+        );
+        check_enum!(ple_dtype_code, [Dtype::F32, Dtype::F16, Dtype::Bf16]);
+        use PrefetchPolicy as P;
+        check_enum!(ple_prefetch_policy_code, [P::Auto, P::Always, P::Never]);
+        check_enum!(
+            ple_io_mode_code,
+            [IoMode::Auto, IoMode::Mmap, IoMode::Direct]
+        );
+        let backends = [None, Some(Backend::IoUring), Some(Backend::PreadPool)];
+        check_enum!(ple_io_backend_code, backends);
+        check_enum!(
+            ple_ring_full_policy_code,
+            [RingFullPolicy::Wait, RingFullPolicy::Error]
+        );
+        use WaitMode as W;
+        check_enum!(
+            ple_wait_mode_code,
+            [W::Auto, W::Host, W::StreamOp, W::SpinKernel]
+        );
+        let levels = [
+            log::Level::Error,
+            log::Level::Warn,
+            log::Level::Info,
+            log::Level::Debug,
+        ];
+        check_enum!(
+            ple_log_level_code,
+            levels.into_iter().chain([log::Level::Trace])
+        );
+        use crate::status::ple_status_code as S;
+        let kinds = [K::InvalidArgument, K::Io, K::Format, K::Timeout, K::State];
+        let more = [
+            K::CudaUnavailable,
+            K::Cuda,
+            K::Unsupported,
+            K::Panic,
+            K::OutOfMemory,
+        ];
+        check_enum!(S, kinds.into_iter().chain(more));
+        // the values the header documents
+        assert_eq!((PLE_FORMAT_NVFP4, PLE_IO_DIRECT, PLE_LOG_TRACE), (1, 2, 5));
+        assert_eq!(S::ALL.len(), 11);
+        assert_eq!(S::from_c(crate::status::PLE_OK), None);
+        assert_eq!(S::name(-10).unwrap(), c"PLE_E_OUT_OF_MEMORY");
+    }
 
     #[test]
     fn counters_to_c_copies_every_counter_in_order() {
