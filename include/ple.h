@@ -58,7 +58,52 @@
  * `ple_options.cache_bytes` default: a row cache of 256 MiB (at most an eighth of the memory
  * available at open) for a handle that runs `PLE_IO_DIRECT`, none for `PLE_IO_MMAP`.
  */
-#define PLE_CACHE_AUTO 18446744073709551615ull
+#define PLE_CACHE_AUTO UINT64_MAX
+
+/**
+ * Largest `ple_options.max_tokens_per_step`.
+ */
+#define PLE_MAX_TOKENS_PER_STEP_MAX (1 << 20)
+
+/**
+ * Largest `ple_options.max_in_flight`.
+ */
+#define PLE_MAX_IN_FLIGHT_MAX 64
+
+/**
+ * Largest `ple_options.num_threads`.
+ */
+#define PLE_NUM_THREADS_MAX 1024
+
+/**
+ * Smallest `ple_options.history_window`.
+ */
+#define PLE_HISTORY_WINDOW_MIN 2
+
+/**
+ * Largest `ple_options.history_window`.
+ */
+#define PLE_HISTORY_WINDOW_MAX (1 << 20)
+
+/**
+ * Largest `ple_options.cache_bytes` other than `PLE_CACHE_AUTO` (1 TiB).
+ */
+#define PLE_CACHE_BYTES_MAX 1099511627776
+
+/**
+ * Largest `ple_options.shard_count` and `ple_pack_options.shard_count` (one head per shard).
+ */
+#define PLE_SHARD_COUNT_MAX 16
+
+/**
+ * Smallest `ple_pack_options.buffer_bytes`.
+ */
+#define PLE_PACK_BUFFER_BYTES_MIN 4096
+
+/**
+ * Largest `ple_pack_options.buffer_bytes` (1 GiB).
+ */
+#define PLE_PACK_BUFFER_BYTES_MAX 1073741824
 
 /* ==============================================================================================
  * Status codes and the values of the typed fields (PLE_FORMAT_*, PLE_IO_*, ...)
@@ -176,17 +221,13 @@ typedef int32_t ple_prefetch_policy;
  */
 typedef enum ple_prefetch_policy_code {
   /**
-   * Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
-   * decode included) unless a residency sample finds its pages cached (mincore of one page after
-   * cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
-   * prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
-   * advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
-   * or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
-   * issue WILLNEED overlapped with the gather.
+   * Prefetch policy (the default): prefetch a step of at least `prefetch_min_rows` rows unless
+   * a residency sample finds its pages cached. How a step is sampled and prefetched:
+   * docs/ARCHITECTURE.md, "Prefetch (MMAP)".
    */
   PLE_PREFETCH_AUTO = 0,
   /**
-   * Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
+   * Prefetch policy: prefetch every step, cached or not.
    */
   PLE_PREFETCH_ALWAYS = 1,
   /**
@@ -205,8 +246,8 @@ typedef int32_t ple_io_mode;
  */
 typedef enum ple_io_mode_code {
   /**
-   * I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
-   * its file, else MMAP (the default).
+   * I/O mode (the default): DIRECT when the table is larger than the machine's memory and
+   * direct I/O works on its file, else MMAP.
    */
   PLE_IO_AUTO = 0,
   /**
@@ -234,11 +275,11 @@ typedef enum ple_io_backend_code {
    */
   PLE_IO_BACKEND_MMAP = 0,
   /**
-   * I/O backend: io_uring, a step's reads kept at depth 128.
+   * I/O backend: io_uring.
    */
   PLE_IO_BACKEND_IO_URING = 1,
   /**
-   * I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
+   * I/O backend: a pool of `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
    */
   PLE_IO_BACKEND_PREAD_POOL = 2,
 } ple_io_backend_code;
@@ -253,7 +294,8 @@ typedef int32_t ple_ring_full_policy;
  */
 typedef enum ple_ring_full_policy_code {
   /**
-   * Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
+   * Ring policy (the default): `ple_submit` into a slot whose rows were not consumed blocks
+   * until they are (at most `wait_timeout_us`, then `PLE_E_TIMEOUT`).
    */
   PLE_RING_WAIT = 0,
   /**
@@ -272,7 +314,8 @@ typedef int32_t ple_wait_mode;
  */
 typedef enum ple_wait_mode_code {
   /**
-   * GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
+   * GPU wait mode (the default): a device wait where supported (stream memory op, else spin
+   * kernel), else a host wait.
    */
   PLE_WAIT_AUTO = 0,
   /**
@@ -284,7 +327,8 @@ typedef enum ple_wait_mode_code {
    */
   PLE_WAIT_STREAM_OP = 2,
   /**
-   * GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
+   * GPU wait mode: a one-thread spin kernel on a device-mapped flag, bounded by
+   * `wait_timeout_us`.
    */
   PLE_WAIT_SPIN_KERNEL = 3,
 } ple_wait_mode_code;
@@ -356,27 +400,31 @@ typedef struct ple_options {
    */
   size_t struct_size;
   /**
-   * Largest `num_tokens` one step may carry (default 8192). Sizes the staging slots.
+   * Largest `num_tokens` one step may carry, 1..=`PLE_MAX_TOKENS_PER_STEP_MAX` (default 8192).
+   * Sizes the staging slots.
    */
   uint32_t max_tokens_per_step;
   /**
-   * Steps that may be submitted but not yet consumed (ring slots, default 2, 1..=64).
+   * Steps that may be submitted but not yet consumed (ring slots), 1..=`PLE_MAX_IN_FLIGHT_MAX`
+   * (default 2).
    */
   uint32_t max_in_flight;
   /**
-   * Gather threads in the handle's private pool (0 = number of CPUs, default 0).
+   * Gather threads in the handle's private pool, at most `PLE_NUM_THREADS_MAX` (default 0: the
+   * number of CPUs).
    */
   uint32_t num_threads;
   /**
-   * `PLE_PREFETCH_AUTO` (default), `_ALWAYS` or `_NEVER`.
+   * When steps prefetch: a `PLE_PREFETCH_*` value (default `PLE_PREFETCH_AUTO`).
    */
   ple_prefetch_policy prefetch_policy;
   /**
-   * AUTO prefetches steps with at least this many rows (default 1).
+   * `PLE_PREFETCH_AUTO` prefetches only steps of at least this many rows (default 1: every
+   * step, decode included).
    */
   uint32_t prefetch_min_rows;
   /**
-   * `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
+   * What `ple_submit` does when the ring is full: a `PLE_RING_*` value (default `PLE_RING_WAIT`).
    */
   ple_ring_full_policy ring_full_policy;
   /**
@@ -386,7 +434,8 @@ typedef struct ple_options {
    */
   uint64_t wait_timeout_us;
   /**
-   * Tracked mode: tokens remembered per request, for context and speculative rollback (default 64, >= ngram_size - 1).
+   * Tracked mode: tokens remembered per request, for context and speculative rollback,
+   * `PLE_HISTORY_WINDOW_MIN..=PLE_HISTORY_WINDOW_MAX` and at least `ngram_size - 1` (default 64).
    */
   uint32_t history_window;
   /**
@@ -394,7 +443,8 @@ typedef struct ple_options {
    */
   int32_t cuda_device;
   /**
-   * `PLE_WAIT_AUTO` (default), `_HOST`, `_STREAM_OP` or `_SPIN_KERNEL`.
+   * How a GPU handle orders the kernel after a step: a `PLE_WAIT_*` value (default
+   * `PLE_WAIT_AUTO`).
    */
   ple_wait_mode wait_mode;
   /**
@@ -408,30 +458,28 @@ typedef struct ple_options {
    */
   const char *checkpoint_dir;
   /**
-   * Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default: 256
-   * MiB, at most an eighth of the memory available, for a DIRECT handle; none for MMAP), 0 (no
-   * cache) or a size (at most 1 TiB, holding at least one row). Rows found in it are copied from
-   * it; others are read from the table and inserted (S3-FIFO eviction). `ple_info.cache_bytes`
-   * reports what the handle got.
+   * Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default),
+   * 0 (no cache) or a size of at most `PLE_CACHE_BYTES_MAX` that holds at least one row. Step
+   * rows found in it are copied from it, the others read from the table and inserted.
+   * `ple_info.cache_bytes` reports what the handle got.
    */
   uint64_t cache_bytes;
   /**
-   * `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
-   * compiled without it get AUTO through `struct_size`).
+   * How the handle reads rows: a `PLE_IO_*` value (default `PLE_IO_AUTO`; appended in 0.1.x,
+   * callers compiled without it get AUTO through `struct_size`).
    */
   ple_io_mode io_mode;
   /**
-   * Head shards (tensor/data-parallel ranks; appended in 0.1.x, callers compiled without them
-   * get the whole table): the handle serves shard `shard_index` of `shard_count` (1..=16,
-   * default 1 = the whole table), the contiguous heads `[shard_index·16/shard_count,
-   * (shard_index+1)·16/shard_count)` (`ple_info.shard_first_head`, `.shard_heads`). It hashes,
-   * reads, caches and counts only those heads' rows; `ple_packed_rows` gives
-   * `[tokens][shard_heads][row_bytes]`; `ple_dequant_*` write the whole `[tokens][2560]` row
-   * with -0.0 in the other heads' columns (`PLE_FUSE_ACCUMULATE`: nothing added there; -0.0
-   * because `x + -0.0 == x` for every `x`, +0.0 included), so the sum of all shards' outputs
-   * (an all-reduce, in any order) is the whole table's output bit for bit. A
-   * whole table opens as any shard; a shard table (`ple pack --shard`) only as its own shard
-   * (else `PLE_E_FORMAT`). Out of range: `PLE_E_INVALID_ARGUMENT`.
+   * Head shards (tensor/data-parallel ranks), 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole
+   * table; appended in 0.1.x). The handle serves shard `shard_index` of `shard_count`: the
+   * contiguous heads `[shard_index·16/shard_count, (shard_index+1)·16/shard_count)`
+   * (`ple_info.shard_first_head`, `.shard_heads`), and only those heads' rows are hashed, read,
+   * cached and counted. `ple_packed_rows` gives `[tokens][shard_heads][row_bytes]`;
+   * `ple_dequant_*` write the whole `[tokens][2560]` row with -0.0 in the other heads' columns
+   * (`PLE_FUSE_ACCUMULATE`: nothing added there), so the sum of all shards' outputs, in any
+   * order, is the whole table's output bit for bit. A whole table opens as any shard, a shard
+   * table (`ple pack --shard`) only as its own shard (else `PLE_E_FORMAT`). Out of range:
+   * `PLE_E_INVALID_ARGUMENT`.
    */
   uint32_t shard_count;
   /**
@@ -440,15 +488,15 @@ typedef struct ple_options {
   uint32_t shard_index;
   /**
    * Most rows queued for read-ahead (`ple_prefetch_ahead`); beyond it the oldest queued rows
-   * are dropped (`ple_counters.ahead_dropped`). 0 (the default) = the row cache's capacity in
-   * rows, or 262,144 without a cache (appended in 0.1.x).
+   * are dropped (`ple_counters.ahead_dropped`). 0 (the default): the row cache's capacity in
+   * rows, or 262,144 without a cache. Appended in 0.1.x.
    */
   uint64_t ahead_max_rows;
   /**
    * MMAP: the most bytes of the table the page cache holds for this handle; above it the least
-   * recently used 2 MiB chunks of the row file are dropped after a step
-   * (`ple_counters.resident_dropped_bytes`). 0 (the default) = no cap. Ignored in DIRECT
-   * mode (appended in 0.1.x).
+   * recently used parts of the row file are dropped after a step
+   * (`ple_counters.resident_dropped_bytes`). 0 (the default): no cap. Ignored in DIRECT mode.
+   * Appended in 0.1.x.
    */
   uint64_t resident_bytes_max;
 } ple_options;
@@ -471,7 +519,7 @@ typedef struct ple_info {
    */
   uint32_t row_bytes;
   /**
-   * Rows in the file (padded).
+   * Rows in the row file (padded).
    */
   uint64_t total_rows;
   /**
@@ -479,14 +527,20 @@ typedef struct ple_info {
    */
   uint64_t addressed_rows;
   /**
-   * Heads (16) and elements per head (160).
+   * Heads of the whole table (16).
    */
   uint32_t num_heads;
+  /**
+   * Elements per head (160).
+   */
   uint32_t head_dim;
   /**
-   * N-gram order (3) and vocabulary size.
+   * N-gram order (3).
    */
   uint32_t ngram_size;
+  /**
+   * Token ids are in `[0, vocab_size)`.
+   */
   uint32_t vocab_size;
   /**
    * EOS / BOS token id.
@@ -497,11 +551,12 @@ typedef struct ple_info {
    */
   float global_scale;
   /**
-   * Size of the row file in bytes.
+   * Bytes of the row file.
    */
   uint64_t file_size;
   /**
-   * 1 if device-side waiting is available on the handle's GPU, else 0.
+   * 1 when the handle's GPU waits for steps itself (`PLE_WAIT_STREAM_OP` or
+   * `PLE_WAIT_SPIN_KERNEL` in effect), else 0.
    */
   int32_t device_wait_supported;
   /**
@@ -526,14 +581,21 @@ typedef struct ple_info {
    */
   uint64_t cache_bytes;
   /**
-   * The head shard served (`options.shard_index` of `.shard_count`; 0 of 1 = the whole table)
-   * and its heads `[shard_first_head, shard_first_head + shard_heads)`: the rows per token of
-   * `ple_packed_rows`. `total_rows` and `file_size` are the open file's (a shard table's own).
-   * Appended in 0.1.x.
+   * The head shard served (`options.shard_index`; 0 of 1 = the whole table). `total_rows` and
+   * `file_size` are the open file's (a shard table's own). Appended in 0.1.x.
    */
   uint32_t shard_index;
+  /**
+   * Shards the heads are split into (`options.shard_count`; 1 = the whole table).
+   */
   uint32_t shard_count;
+  /**
+   * First head of the shard.
+   */
   uint32_t shard_first_head;
+  /**
+   * Heads of the shard: the rows per token of `ple_packed_rows` (`num_heads` for the whole table).
+   */
   uint32_t shard_heads;
 } ple_info;
 
@@ -802,13 +864,14 @@ typedef struct ple_pack_options {
    */
   int32_t force;
   /**
-   * Bytes per write buffer (default 8 MiB; bounds the packer's memory).
+   * Bytes per write buffer, `PLE_PACK_BUFFER_BYTES_MIN..=PLE_PACK_BUFFER_BYTES_MAX` (default
+   * 8 MiB; the packer's memory is about twice this).
    */
   uint64_t buffer_bytes;
   /**
-   * Write a shard table: only the rows of heads shard `shard_index` of `shard_count` serves
-   * (default 1 = the whole table; see `ple_options.shard_count`). The shards' files add up
-   * to the whole table's. Appended in 0.1.x.
+   * Shards, 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole table): write only the rows of the
+   * heads that shard `shard_index` of `shard_count` serves (see `ple_options.shard_count`). The
+   * shards' files add up to the whole table's. Appended in 0.1.x.
    */
   uint32_t shard_count;
   /**

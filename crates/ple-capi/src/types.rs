@@ -108,7 +108,45 @@ pub const PLE_EMBED_DIM: u32 = 2560;
 pub const PLE_MAX_TRACKED_REQUESTS: u32 = 65536;
 /// `ple_options.cache_bytes` default: a row cache of 256 MiB (at most an eighth of the memory
 /// available at open) for a handle that runs `PLE_IO_DIRECT`, none for `PLE_IO_MMAP`.
-pub const PLE_CACHE_AUTO: u64 = 0xFFFF_FFFF_FFFF_FFFF;
+pub const PLE_CACHE_AUTO: u64 = u64::MAX;
+/// Largest `ple_options.max_tokens_per_step`.
+pub const PLE_MAX_TOKENS_PER_STEP_MAX: u32 = 1 << 20;
+/// Largest `ple_options.max_in_flight`.
+pub const PLE_MAX_IN_FLIGHT_MAX: u32 = 64;
+/// Largest `ple_options.num_threads`.
+pub const PLE_NUM_THREADS_MAX: u32 = 1024;
+/// Smallest `ple_options.history_window`.
+pub const PLE_HISTORY_WINDOW_MIN: u32 = 2;
+/// Largest `ple_options.history_window`.
+pub const PLE_HISTORY_WINDOW_MAX: u32 = 1 << 20;
+/// Largest `ple_options.cache_bytes` other than `PLE_CACHE_AUTO` (1 TiB).
+pub const PLE_CACHE_BYTES_MAX: u64 = 1_099_511_627_776;
+/// Largest `ple_options.shard_count` and `ple_pack_options.shard_count` (one head per shard).
+pub const PLE_SHARD_COUNT_MAX: u32 = 16;
+/// Smallest `ple_pack_options.buffer_bytes`.
+pub const PLE_PACK_BUFFER_BYTES_MIN: u64 = 4096;
+/// Largest `ple_pack_options.buffer_bytes` (1 GiB).
+pub const PLE_PACK_BUFFER_BYTES_MAX: u64 = 1_073_741_824;
+
+// The header's model constants and limits are the core's: a mismatch does not compile. (cbindgen
+// reads only this crate, so the values are spelled here, and checked against their one home.)
+const _: () = {
+    use ple_core::format::pack;
+    use ple_core::model;
+    use ple_core::step::options as o;
+    assert!(PLE_NUM_HEADS as usize == model::NUM_HEADS);
+    assert!(PLE_EMBED_DIM as usize == model::PLE_EMBED_DIM);
+    assert!(PLE_CACHE_AUTO == o::CACHE_AUTO);
+    assert!(PLE_MAX_TOKENS_PER_STEP_MAX == o::MAX_TOKENS_PER_STEP_MAX);
+    assert!(PLE_MAX_IN_FLIGHT_MAX == o::MAX_IN_FLIGHT_MAX);
+    assert!(PLE_NUM_THREADS_MAX == o::NUM_THREADS_MAX);
+    assert!(PLE_HISTORY_WINDOW_MIN == o::HISTORY_WINDOW_MIN);
+    assert!(PLE_HISTORY_WINDOW_MAX == o::HISTORY_WINDOW_MAX);
+    assert!(PLE_CACHE_BYTES_MAX == o::MAX_CACHE_BYTES);
+    assert!(PLE_SHARD_COUNT_MAX == ple_core::shard::MAX_SHARDS);
+    assert!(PLE_PACK_BUFFER_BYTES_MIN == pack::MIN_BUFFER_BYTES as u64);
+    assert!(PLE_PACK_BUFFER_BYTES_MAX == pack::MAX_BUFFER_BYTES as u64);
+};
 
 /// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
 pub type ple_format = i32;
@@ -152,15 +190,11 @@ pub type ple_prefetch_policy = i32;
 c_enum! {
     /// The values of `ple_prefetch_policy`.
     enum ple_prefetch_policy_code: ple_prefetch_policy, PrefetchPolicy {
-        /// Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
-        /// decode included) unless a residency sample finds its pages cached (mincore of one page after
-        /// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
-        /// prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
-        /// advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
-        /// or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
-        /// issue WILLNEED overlapped with the gather.
+        /// Prefetch policy (the default): prefetch a step of at least `prefetch_min_rows` rows unless
+        /// a residency sample finds its pages cached. How a step is sampled and prefetched:
+        /// docs/ARCHITECTURE.md, "Prefetch (MMAP)".
         PLE_PREFETCH_AUTO = 0 => (PrefetchPolicy::Auto),
-        /// Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
+        /// Prefetch policy: prefetch every step, cached or not.
         PLE_PREFETCH_ALWAYS = 1 => (PrefetchPolicy::Always),
         /// Prefetch policy: never prefetch (MADV_RANDOM faults only).
         PLE_PREFETCH_NEVER = 2 => (PrefetchPolicy::Never),
@@ -173,8 +207,8 @@ pub type ple_io_mode = i32;
 c_enum! {
     /// The values of `ple_io_mode`.
     enum ple_io_mode_code: ple_io_mode, IoMode {
-        /// I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
-        /// its file, else MMAP (the default).
+        /// I/O mode (the default): DIRECT when the table is larger than the machine's memory and
+        /// direct I/O works on its file, else MMAP.
         PLE_IO_AUTO = 0 => (IoMode::Auto),
         /// I/O mode: gather from the read-only mapping through the page cache.
         PLE_IO_MMAP = 1 => (IoMode::Mmap),
@@ -192,9 +226,9 @@ c_enum! {
     enum ple_io_backend_code: ple_io_backend, Option<Backend> {
         /// I/O backend: none (MMAP mode: page faults and WILLNEED advice).
         PLE_IO_BACKEND_MMAP = 0 => (None),
-        /// I/O backend: io_uring, a step's reads kept at depth 128.
+        /// I/O backend: io_uring.
         PLE_IO_BACKEND_IO_URING = 1 => (Some(Backend::IoUring)),
-        /// I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
+        /// I/O backend: a pool of `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
         PLE_IO_BACKEND_PREAD_POOL = 2 => (Some(Backend::PreadPool)),
     }
 }
@@ -205,7 +239,8 @@ pub type ple_ring_full_policy = i32;
 c_enum! {
     /// The values of `ple_ring_full_policy`.
     enum ple_ring_full_policy_code: ple_ring_full_policy, RingFullPolicy {
-        /// Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
+        /// Ring policy (the default): `ple_submit` into a slot whose rows were not consumed blocks
+        /// until they are (at most `wait_timeout_us`, then `PLE_E_TIMEOUT`).
         PLE_RING_WAIT = 0 => (RingFullPolicy::Wait),
         /// Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
         PLE_RING_ERROR = 1 => (RingFullPolicy::Error),
@@ -218,13 +253,15 @@ pub type ple_wait_mode = i32;
 c_enum! {
     /// The values of `ple_wait_mode`.
     enum ple_wait_mode_code: ple_wait_mode, WaitMode {
-        /// GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
+        /// GPU wait mode (the default): a device wait where supported (stream memory op, else spin
+        /// kernel), else a host wait.
         PLE_WAIT_AUTO = 0 => (WaitMode::Auto),
         /// GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
         PLE_WAIT_HOST = 1 => (WaitMode::Host),
         /// GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
         PLE_WAIT_STREAM_OP = 2 => (WaitMode::StreamOp),
-        /// GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
+        /// GPU wait mode: a one-thread spin kernel on a device-mapped flag, bounded by
+        /// `wait_timeout_us`.
         PLE_WAIT_SPIN_KERNEL = 3 => (WaitMode::SpinKernel),
     }
 }
@@ -236,27 +273,33 @@ c_enum! {
 pub struct ple_options {
     /// `sizeof(ple_options)` as the caller compiled it (set by `ple_options_default`).
     pub struct_size: usize,
-    /// Largest `num_tokens` one step may carry (default 8192). Sizes the staging slots.
+    /// Largest `num_tokens` one step may carry, 1..=`PLE_MAX_TOKENS_PER_STEP_MAX` (default 8192).
+    /// Sizes the staging slots.
     pub max_tokens_per_step: u32,
-    /// Steps that may be submitted but not yet consumed (ring slots, default 2, 1..=64).
+    /// Steps that may be submitted but not yet consumed (ring slots), 1..=`PLE_MAX_IN_FLIGHT_MAX`
+    /// (default 2).
     pub max_in_flight: u32,
-    /// Gather threads in the handle's private pool (0 = number of CPUs, default 0).
+    /// Gather threads in the handle's private pool, at most `PLE_NUM_THREADS_MAX` (default 0: the
+    /// number of CPUs).
     pub num_threads: u32,
-    /// `PLE_PREFETCH_AUTO` (default), `_ALWAYS` or `_NEVER`.
+    /// When steps prefetch: a `PLE_PREFETCH_*` value (default `PLE_PREFETCH_AUTO`).
     pub prefetch_policy: ple_prefetch_policy,
-    /// AUTO prefetches steps with at least this many rows (default 1).
+    /// `PLE_PREFETCH_AUTO` prefetches only steps of at least this many rows (default 1: every
+    /// step, decode included).
     pub prefetch_min_rows: u32,
-    /// `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
+    /// What `ple_submit` does when the ring is full: a `PLE_RING_*` value (default `PLE_RING_WAIT`).
     pub ring_full_policy: ple_ring_full_policy,
     /// Timeout, in microseconds (default 300 s), of the waits libple makes on the caller's behalf:
     /// in `ple_dequant_cpu`, `ple_packed_rows`, `ple_release_step`, `ple_dequant_fuse` (host wait),
     /// `ple_submit` on a full ring, and the device spin wait. Not used by `ple_wait`.
     pub wait_timeout_us: u64,
-    /// Tracked mode: tokens remembered per request, for context and speculative rollback (default 64, >= ngram_size - 1).
+    /// Tracked mode: tokens remembered per request, for context and speculative rollback,
+    /// `PLE_HISTORY_WINDOW_MIN..=PLE_HISTORY_WINDOW_MAX` and at least `ngram_size - 1` (default 64).
     pub history_window: u32,
     /// CUDA device ordinal, or -1 for CPU only (default -1).
     pub cuda_device: i32,
-    /// `PLE_WAIT_AUTO` (default), `_HOST`, `_STREAM_OP` or `_SPIN_KERNEL`.
+    /// How a GPU handle orders the kernel after a step: a `PLE_WAIT_*` value (default
+    /// `PLE_WAIT_AUTO`).
     pub wait_mode: ple_wait_mode,
     /// For tables made by the Python tool (`*.packed_u8`): path of the checkpoint's `config.json`
     /// (NULL: look beside the table). Ignored for libple tables.
@@ -264,37 +307,35 @@ pub struct ple_options {
     /// If not NULL: the checkpoint directory the table must have been packed from; opening fails
     /// with `PLE_E_FORMAT` when its fingerprint differs.
     pub checkpoint_dir: *const c_char,
-    /// Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default: 256
-    /// MiB, at most an eighth of the memory available, for a DIRECT handle; none for MMAP), 0 (no
-    /// cache) or a size (at most 1 TiB, holding at least one row). Rows found in it are copied from
-    /// it; others are read from the table and inserted (S3-FIFO eviction). `ple_info.cache_bytes`
-    /// reports what the handle got.
+    /// Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default),
+    /// 0 (no cache) or a size of at most `PLE_CACHE_BYTES_MAX` that holds at least one row. Step
+    /// rows found in it are copied from it, the others read from the table and inserted.
+    /// `ple_info.cache_bytes` reports what the handle got.
     pub cache_bytes: u64,
-    /// `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
-    /// compiled without it get AUTO through `struct_size`).
+    /// How the handle reads rows: a `PLE_IO_*` value (default `PLE_IO_AUTO`; appended in 0.1.x,
+    /// callers compiled without it get AUTO through `struct_size`).
     pub io_mode: ple_io_mode,
-    /// Head shards (tensor/data-parallel ranks; appended in 0.1.x, callers compiled without them
-    /// get the whole table): the handle serves shard `shard_index` of `shard_count` (1..=16,
-    /// default 1 = the whole table), the contiguous heads `[shard_index·16/shard_count,
-    /// (shard_index+1)·16/shard_count)` (`ple_info.shard_first_head`, `.shard_heads`). It hashes,
-    /// reads, caches and counts only those heads' rows; `ple_packed_rows` gives
-    /// `[tokens][shard_heads][row_bytes]`; `ple_dequant_*` write the whole `[tokens][2560]` row
-    /// with -0.0 in the other heads' columns (`PLE_FUSE_ACCUMULATE`: nothing added there; -0.0
-    /// because `x + -0.0 == x` for every `x`, +0.0 included), so the sum of all shards' outputs
-    /// (an all-reduce, in any order) is the whole table's output bit for bit. A
-    /// whole table opens as any shard; a shard table (`ple pack --shard`) only as its own shard
-    /// (else `PLE_E_FORMAT`). Out of range: `PLE_E_INVALID_ARGUMENT`.
+    /// Head shards (tensor/data-parallel ranks), 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole
+    /// table; appended in 0.1.x). The handle serves shard `shard_index` of `shard_count`: the
+    /// contiguous heads `[shard_index·16/shard_count, (shard_index+1)·16/shard_count)`
+    /// (`ple_info.shard_first_head`, `.shard_heads`), and only those heads' rows are hashed, read,
+    /// cached and counted. `ple_packed_rows` gives `[tokens][shard_heads][row_bytes]`;
+    /// `ple_dequant_*` write the whole `[tokens][2560]` row with -0.0 in the other heads' columns
+    /// (`PLE_FUSE_ACCUMULATE`: nothing added there), so the sum of all shards' outputs, in any
+    /// order, is the whole table's output bit for bit. A whole table opens as any shard, a shard
+    /// table (`ple pack --shard`) only as its own shard (else `PLE_E_FORMAT`). Out of range:
+    /// `PLE_E_INVALID_ARGUMENT`.
     pub shard_count: u32,
     /// The shard this handle serves, `0..shard_count` (default 0).
     pub shard_index: u32,
     /// Most rows queued for read-ahead (`ple_prefetch_ahead`); beyond it the oldest queued rows
-    /// are dropped (`ple_counters.ahead_dropped`). 0 (the default) = the row cache's capacity in
-    /// rows, or 262,144 without a cache (appended in 0.1.x).
+    /// are dropped (`ple_counters.ahead_dropped`). 0 (the default): the row cache's capacity in
+    /// rows, or 262,144 without a cache. Appended in 0.1.x.
     pub ahead_max_rows: u64,
     /// MMAP: the most bytes of the table the page cache holds for this handle; above it the least
-    /// recently used 2 MiB chunks of the row file are dropped after a step
-    /// (`ple_counters.resident_dropped_bytes`). 0 (the default) = no cap. Ignored in DIRECT
-    /// mode (appended in 0.1.x).
+    /// recently used parts of the row file are dropped after a step
+    /// (`ple_counters.resident_dropped_bytes`). 0 (the default): no cap. Ignored in DIRECT mode.
+    /// Appended in 0.1.x.
     pub resident_bytes_max: u64,
 }
 
@@ -306,11 +347,12 @@ pub struct ple_pack_options {
     pub struct_size: usize,
     /// Non-zero: replace an existing table packed from another checkpoint (default 0: refuse).
     pub force: i32,
-    /// Bytes per write buffer (default 8 MiB; bounds the packer's memory).
+    /// Bytes per write buffer, `PLE_PACK_BUFFER_BYTES_MIN..=PLE_PACK_BUFFER_BYTES_MAX` (default
+    /// 8 MiB; the packer's memory is about twice this).
     pub buffer_bytes: u64,
-    /// Write a shard table: only the rows of heads shard `shard_index` of `shard_count` serves
-    /// (default 1 = the whole table; see `ple_options.shard_count`). The shards' files add up
-    /// to the whole table's. Appended in 0.1.x.
+    /// Shards, 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole table): write only the rows of the
+    /// heads that shard `shard_index` of `shard_count` serves (see `ple_options.shard_count`). The
+    /// shards' files add up to the whole table's. Appended in 0.1.x.
     pub shard_count: u32,
     /// The shard to write, `0..shard_count` (default 0).
     pub shard_index: u32,
@@ -368,10 +410,6 @@ pub struct ple_batch {
 }
 
 /// Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
-#[allow(
-    missing_docs,
-    reason = "paired fields share one comment (heads and head size, ...)"
-)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ple_table_info {
@@ -381,23 +419,26 @@ pub struct ple_table_info {
     pub format: ple_format,
     /// Bytes per row (90, 160 or 320).
     pub row_bytes: u32,
-    /// Rows in the file (padded).
+    /// Rows in the row file (padded).
     pub total_rows: u64,
     /// Rows the hash can address (sum of head sizes).
     pub addressed_rows: u64,
-    /// Heads (16) and elements per head (160).
+    /// Heads of the whole table (16).
     pub num_heads: u32,
+    /// Elements per head (160).
     pub head_dim: u32,
-    /// N-gram order (3) and vocabulary size.
+    /// N-gram order (3).
     pub ngram_size: u32,
+    /// Token ids are in `[0, vocab_size)`.
     pub vocab_size: u32,
     /// EOS / BOS token id.
     pub eos_token_id: i32,
     /// The global dequantisation scale (1.0 for bf16).
     pub global_scale: f32,
-    /// Size of the row file in bytes.
+    /// Bytes of the row file.
     pub file_size: u64,
-    /// 1 if device-side waiting is available on the handle's GPU, else 0.
+    /// 1 when the handle's GPU waits for steps itself (`PLE_WAIT_STREAM_OP` or
+    /// `PLE_WAIT_SPIN_KERNEL` in effect), else 0.
     pub device_wait_supported: i32,
     /// Name of the source checkpoint (NUL-terminated, truncated to fit).
     pub source_name: [c_char; 256],
@@ -410,13 +451,14 @@ pub struct ple_table_info {
     /// Bytes of the handle's row cache (`options.cache_bytes`, `PLE_CACHE_AUTO` resolved; 0 = no
     /// cache). Appended in 0.1.x.
     pub cache_bytes: u64,
-    /// The head shard served (`options.shard_index` of `.shard_count`; 0 of 1 = the whole table)
-    /// and its heads `[shard_first_head, shard_first_head + shard_heads)`: the rows per token of
-    /// `ple_packed_rows`. `total_rows` and `file_size` are the open file's (a shard table's own).
-    /// Appended in 0.1.x.
+    /// The head shard served (`options.shard_index`; 0 of 1 = the whole table). `total_rows` and
+    /// `file_size` are the open file's (a shard table's own). Appended in 0.1.x.
     pub shard_index: u32,
+    /// Shards the heads are split into (`options.shard_count`; 1 = the whole table).
     pub shard_count: u32,
+    /// First head of the shard.
     pub shard_first_head: u32,
+    /// Heads of the shard: the rows per token of `ple_packed_rows` (`num_heads` for the whole table).
     pub shard_heads: u32,
 }
 
@@ -536,9 +578,9 @@ pub fn pack_options_to_c(o: &PackOptions) -> ple_pack_options {
 
 /// Converts and validates `ple_pack_options`.
 pub fn pack_options_from_c(c: &ple_pack_options) -> Result<PackOptions> {
-    if c.buffer_bytes < 4096 || c.buffer_bytes > (1 << 30) {
+    if !(PLE_PACK_BUFFER_BYTES_MIN..=PLE_PACK_BUFFER_BYTES_MAX).contains(&c.buffer_bytes) {
         return invalid!(
-            "options.buffer_bytes {} not in [4096, 1 GiB]",
+            "options.buffer_bytes {} not in [{PLE_PACK_BUFFER_BYTES_MIN}, 1 GiB]",
             c.buffer_bytes
         );
     }
