@@ -18,6 +18,13 @@ from ple import _lib
 HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include", "ple.h")
 
 
+def _cc() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        pytest.skip("no C compiler (cc, gcc, clang or $CC) to compile against include/ple.h")
+    return cc
+
+
 def _strip_comments(text: str) -> str:
     return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
 
@@ -46,26 +53,27 @@ def _lib_structs() -> dict[str, type[ctypes.Structure]]:
     return {
         name: obj
         for name, obj in vars(_lib).items()
-        if isinstance(obj, type) and issubclass(obj, ctypes.Structure) and obj is not ctypes.Structure
+        if isinstance(obj, type) and issubclass(obj, ctypes.Structure)
+        and obj is not ctypes.Structure
     }
 
 
-def _measure(structs: dict[str, list[tuple[str, str]]], tmp_path) -> dict[tuple[str, str], tuple[int, int]]:
+def _measure(
+    structs: dict[str, list[tuple[str, str]]], tmp_path
+) -> dict[tuple[str, str], tuple[int, int]]:
     """(struct, field or "") -> (offset, size) as the C compiler lays the header out."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        pytest.skip("no C compiler (cc, gcc, clang or $CC) to lay out include/ple.h")
     lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "ple.h"', "int main(void) {"]
     for s, fields in structs.items():
         lines.append(f'  printf("{s} - 0 %zu\\n", sizeof({s}));')
         for _, f in fields:
-            lines.append(f'  printf("{s} {f} %zu %zu\\n", offsetof({s}, {f}), sizeof((({s} *)0)->{f}));')
+            off, size = f"offsetof({s}, {f})", f"sizeof((({s} *)0)->{f})"
+            lines.append(f'  printf("{s} {f} %zu %zu\\n", {off}, {size});')
     lines += ["  return 0;", "}"]
     src = tmp_path / "layout.c"
     src.write_text("\n".join(lines) + "\n")
     exe = tmp_path / "layout"
     inc = os.path.dirname(os.path.abspath(HEADER))
-    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", f"-I{inc}", str(src), "-o", str(exe)], check=True)
+    subprocess.run([_cc(), "-std=c11", "-Wall", "-Werror", f"-I{inc}", str(src), "-o", str(exe)], check=True)
     out = {}
     for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines():
         s, f, off, size = line.split()
@@ -108,7 +116,8 @@ def test_lib_structs_match_the_header_byte_for_byte(tmp_path):
     typedefs = _typedefs(text)
     ours = _lib_structs()
     # the structs `_lib` must retype: every one the declared functions take
-    for needed in ("ple_options", "ple_pack_options", "ple_batch", "ple_token_batch", "ple_info", "ple_counters"):
+    needed_structs = ("ple_options", "ple_pack_options", "ple_batch", "ple_token_batch", "ple_info")
+    for needed in (*needed_structs, "ple_counters"):
         assert needed in ours, f"_lib has no ctypes struct {needed}"
     missing = sorted(set(ours) - set(header))
     assert not missing, f"_lib structs not in include/ple.h: {missing}"
@@ -132,3 +141,43 @@ def test_header_parser_sees_known_layouts():
     assert h["ple_counters"][0] == ("size_t", "struct_size")
     assert all(t == "uint64_t" for t, _ in h["ple_counters"][1:])
     assert _typedefs(text)["ple_format"] == "int32_t"
+
+
+def _header_values(names: list[str], tmp_path) -> dict[str, int]:
+    """The values of these header constants (macros or enumerators) as the C compiler sees them."""
+    lines = ["#include <stdio.h>", '#include "ple.h"', "int main(void) {"]
+    lines += [f'  printf("{n} %llu\\n", (unsigned long long)({n}));' for n in names]
+    lines += ["  return 0;", "}"]
+    src = tmp_path / "values.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "values"
+    inc = os.path.dirname(os.path.abspath(HEADER))
+    subprocess.run([_cc(), "-std=c11", "-Wall", "-Werror", f"-I{inc}", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    return {n: int(v) for n, v in zip(out[::2], out[1::2])}
+
+
+def test_lib_constants_match_the_header(tmp_path):
+    """The values `_lib` spells by hand (model constants, PLE_CACHE_AUTO, the enum tables)."""
+    expect = {
+        "PLE_NUM_HEADS": _lib.PLE_NUM_HEADS,
+        "PLE_EMBED_DIM": _lib.PLE_EMBED_DIM,
+        "PLE_CACHE_AUTO": _lib.PLE_CACHE_AUTO,
+        "PLE_DTYPE_F32": _lib.DTYPE_F32,
+        "PLE_DTYPE_F16": _lib.DTYPE_F16,
+        "PLE_DTYPE_BF16": _lib.DTYPE_BF16,
+        "PLE_FUSE_ACCUMULATE": _lib.FUSE_ACCUMULATE,
+    }
+    tables = {
+        "PLE_FORMAT_": {name: code for code, name in _lib.FORMATS.items()},
+        "PLE_PREFETCH_": _lib.PREFETCH,
+        "PLE_RING_": _lib.RING_FULL,
+        "PLE_WAIT_": _lib.WAIT_MODE,
+        "PLE_IO_": _lib.IO_MODE,
+        "PLE_IO_BACKEND_": {name: code for code, name in _lib.IO_BACKENDS.items()},
+    }
+    for prefix, table in tables.items():
+        for name, code in table.items():
+            expect[prefix + name.upper()] = code
+    got = _header_values(sorted(expect), tmp_path)
+    assert got == expect
