@@ -237,7 +237,7 @@ pub fn counters_to_c(k: &ple_core::stats::Counters) -> ple_stats {{
     )
 }
 
-/// The `c_enum!` lists of a source file (see the macro in types.rs) as plain `#[repr(C)]` enums,
+/// The `c_enum!` lists of a source file (see c_enum.rs) as plain `#[repr(C)]` enums,
 /// with their docs, and the enums' names: cbindgen does not expand macros, so it reads these.
 fn c_enums_source(text: &str) -> (String, Vec<String>) {
     let mut out = String::new();

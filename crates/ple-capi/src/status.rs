@@ -1,6 +1,6 @@
 //! Status codes (`ple_status`) and the one mapping from the core's error kinds to them.
 
-use crate::types::c_enum;
+use crate::c_enum::c_enum;
 use ple_core::{Error, ErrorKind};
 use std::ffi::c_char;
 
