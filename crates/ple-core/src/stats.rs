@@ -1,8 +1,10 @@
 //! Counters of a handle (rows, pages, faults, bytes read, residency, time per stage; prefill and
 //! decode apart) and the OS probes behind them.
 //!
-//! Every counter is an atomic updated by the worker (or by waiters) and read without locks by
-//! `ple_stats`. Definitions:
+//! The counters are declared once, in `stats/counter_list.rs` (name, doc, and how each
+//! accumulates); [`Stats`], [`Counters`] and the C struct `ple_counters` are generated from it.
+//! Every `sum` counter is an atomic updated by the worker (or by waiters) and read without locks
+//! by `ple_stats`. Definitions:
 //! - **prefill vs decode**: a step is *prefill* when some request's span in it carries more than
 //!   [`DECODE_MAX_SPAN`] (8) tokens; otherwise it is *decode*. So plain decode (1 token per
 //!   request) and speculative verification of up to 8 tokens per request count as decode, and a
