@@ -42,11 +42,42 @@
 
 // `ple_options.cache_bytes` default: a row cache of 256 MiB (at most an eighth of the memory
 // available at open) for a handle that runs `PLE_IO_DIRECT`, none for `PLE_IO_MMAP`.
-#define PLE_CACHE_AUTO 18446744073709551615ull
+#define PLE_CACHE_AUTO UINT64_MAX
+
+// Largest `ple_options.max_tokens_per_step`.
+#define PLE_MAX_TOKENS_PER_STEP_MAX (1 << 20)
+
+// Largest `ple_options.max_in_flight`.
+#define PLE_MAX_IN_FLIGHT_MAX 64
+
+// Largest `ple_options.num_threads`.
+#define PLE_NUM_THREADS_MAX 1024
+
+// Smallest `ple_options.history_window`.
+#define PLE_HISTORY_WINDOW_MIN 2
+
+// Largest `ple_options.history_window`.
+#define PLE_HISTORY_WINDOW_MAX (1 << 20)
+
+// Largest `ple_options.cache_bytes` other than `PLE_CACHE_AUTO` (1 TiB).
+#define PLE_CACHE_BYTES_MAX 1099511627776
+
+// Largest `ple_options.shard_count` and `ple_pack_options.shard_count` (one head per shard).
+#define PLE_SHARD_COUNT_MAX 16
+
+// Smallest `ple_pack_options.buffer_bytes`.
+#define PLE_PACK_BUFFER_BYTES_MIN 4096
+
+// Largest `ple_pack_options.buffer_bytes` (1 GiB).
+#define PLE_PACK_BUFFER_BYTES_MAX 1073741824
 
 /* ==============================================================================================
- * Status codes
+ * Status codes and the values of the typed fields (PLE_FORMAT_*, PLE_IO_*, ...)
  * ============================================================================================== */
+
+// Status code returned by every fallible libple call: `PLE_OK` (0) or a negative `PLE_E_*`
+// (a `ple_status_code`).
+typedef int32_t ple_status;
 
 // The values a `ple_status` takes (a C enum, so negative codes need no parentheses).
 typedef enum ple_status_code {
@@ -74,6 +105,121 @@ typedef enum ple_status_code {
   PLE_E_OUT_OF_MEMORY = -10,
 } ple_status_code;
 
+// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
+typedef int32_t ple_format;
+
+// The values of `ple_format`.
+typedef enum ple_format_code {
+  // Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
+  PLE_FORMAT_NVFP4 = 1,
+  // Row format `fp8`: 160 E4M3 bytes per row.
+  PLE_FORMAT_FP8 = 2,
+  // Row format `bf16`: 160 little-endian bf16 per row.
+  PLE_FORMAT_BF16 = 3,
+} ple_format_code;
+
+// Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
+typedef int32_t ple_dtype;
+
+// The values of `ple_dtype`.
+typedef enum ple_dtype_code {
+  // Output element type: IEEE float32.
+  PLE_DTYPE_F32 = 0,
+  // Output element type: IEEE float16.
+  PLE_DTYPE_F16 = 1,
+  // Output element type: bfloat16.
+  PLE_DTYPE_BF16 = 2,
+} ple_dtype_code;
+
+// When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
+typedef int32_t ple_prefetch_policy;
+
+// The values of `ple_prefetch_policy`.
+typedef enum ple_prefetch_policy_code {
+  // Prefetch policy (the default): prefetch a step of at least `prefetch_min_rows` rows unless
+  // a residency sample finds its pages cached. How a step is sampled and prefetched:
+  // docs/ARCHITECTURE.md, "Prefetch (MMAP)".
+  PLE_PREFETCH_AUTO = 0,
+  // Prefetch policy: prefetch every step, cached or not.
+  PLE_PREFETCH_ALWAYS = 1,
+  // Prefetch policy: never prefetch (MADV_RANDOM faults only).
+  PLE_PREFETCH_NEVER = 2,
+} ple_prefetch_policy_code;
+
+// How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
+typedef int32_t ple_io_mode;
+
+// The values of `ple_io_mode`.
+typedef enum ple_io_mode_code {
+  // I/O mode (the default): DIRECT when the table is larger than the machine's memory and
+  // direct I/O works on its file, else MMAP.
+  PLE_IO_AUTO = 0,
+  // I/O mode: gather from the read-only mapping through the page cache.
+  PLE_IO_MMAP = 1,
+  // I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
+  // `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
+  PLE_IO_DIRECT = 2,
+} ple_io_mode_code;
+
+// How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
+typedef int32_t ple_io_backend;
+
+// The values of `ple_io_backend`.
+typedef enum ple_io_backend_code {
+  // I/O backend: none (MMAP mode: page faults and WILLNEED advice).
+  PLE_IO_BACKEND_MMAP = 0,
+  // I/O backend: io_uring.
+  PLE_IO_BACKEND_IO_URING = 1,
+  // I/O backend: a pool of `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
+  PLE_IO_BACKEND_PREAD_POOL = 2,
+} ple_io_backend_code;
+
+// What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
+typedef int32_t ple_ring_full_policy;
+
+// The values of `ple_ring_full_policy`.
+typedef enum ple_ring_full_policy_code {
+  // Ring policy (the default): `ple_submit` into a slot whose rows were not consumed blocks
+  // until they are (at most `wait_timeout_us`, then `PLE_E_TIMEOUT`).
+  PLE_RING_WAIT = 0,
+  // Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
+  PLE_RING_ERROR = 1,
+} ple_ring_full_policy_code;
+
+// How a GPU handle orders the kernel after a step (`ple_options.wait_mode`): a `PLE_WAIT_*` value.
+typedef int32_t ple_wait_mode;
+
+// The values of `ple_wait_mode`.
+typedef enum ple_wait_mode_code {
+  // GPU wait mode (the default): a device wait where supported (stream memory op, else spin
+  // kernel), else a host wait.
+  PLE_WAIT_AUTO = 0,
+  // GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
+  PLE_WAIT_HOST = 1,
+  // GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
+  PLE_WAIT_STREAM_OP = 2,
+  // GPU wait mode: a one-thread spin kernel on a device-mapped flag, bounded by
+  // `wait_timeout_us`.
+  PLE_WAIT_SPIN_KERNEL = 3,
+} ple_wait_mode_code;
+
+// Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
+typedef int32_t ple_log_level;
+
+// The values of `ple_log_level`.
+typedef enum ple_log_level_code {
+  // Log level: errors.
+  PLE_LOG_ERROR = 1,
+  // Log level: warnings (and errors).
+  PLE_LOG_WARN = 2,
+  // Log level: information.
+  PLE_LOG_INFO = 3,
+  // Log level: debugging detail (every error returned, with its text).
+  PLE_LOG_DEBUG = 4,
+  // Log level: everything.
+  PLE_LOG_TRACE = 5,
+} ple_log_level_code;
+
 /* ==============================================================================================
  * Types: handle, options, table facts, counters, batches, callbacks
  * ============================================================================================== */
@@ -89,55 +235,45 @@ typedef enum ple_status_code {
 // `ple_close` with any of them (see `ple_close`).
 typedef struct ple_handle ple_handle;
 
-// Status code returned by every fallible libple call: `PLE_OK` (0) or a negative `PLE_E_*`
-// (a `ple_status_code`).
-typedef int32_t ple_status;
-
-// Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
-typedef int32_t ple_log_level;
 
 // Log callback: `level` a `PLE_LOG_*` value; `message` is valid only during the call. Runs on
 // libple's own log thread, never inside another libple call (see `ple_set_log_callback`).
 typedef void (*ple_log_fn)(ple_log_level level, const char *message, void *user_data);
 
-// When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
-typedef int32_t ple_prefetch_policy;
 
-// What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
-typedef int32_t ple_ring_full_policy;
-
-// How a GPU handle orders the kernel after a step (`ple_options.wait_mode`): a `PLE_WAIT_*` value.
-typedef int32_t ple_wait_mode;
-
-// How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
-typedef int32_t ple_io_mode;
 
 // Options for `ple_open`. Always initialise with `ple_options_default()`, then change fields:
 // `struct_size` lets later versions add fields without breaking callers.
 typedef struct ple_options {
   // `sizeof(ple_options)` as the caller compiled it (set by `ple_options_default`).
   size_t struct_size;
-  // Largest `num_tokens` one step may carry (default 8192). Sizes the staging slots.
+  // Largest `num_tokens` one step may carry, 1..=`PLE_MAX_TOKENS_PER_STEP_MAX` (default 8192).
+  // Sizes the staging slots.
   uint32_t max_tokens_per_step;
-  // Steps that may be submitted but not yet consumed (ring slots, default 2, 1..=64).
+  // Steps that may be submitted but not yet consumed (ring slots), 1..=`PLE_MAX_IN_FLIGHT_MAX`
+  // (default 2).
   uint32_t max_in_flight;
-  // Gather threads in the handle's private pool (0 = number of CPUs, default 0).
+  // Gather threads in the handle's private pool, at most `PLE_NUM_THREADS_MAX` (default 0: the
+  // number of CPUs).
   uint32_t num_threads;
-  // `PLE_PREFETCH_AUTO` (default), `_ALWAYS` or `_NEVER`.
+  // When steps prefetch: a `PLE_PREFETCH_*` value (default `PLE_PREFETCH_AUTO`).
   ple_prefetch_policy prefetch_policy;
-  // AUTO prefetches steps with at least this many rows (default 1).
+  // `PLE_PREFETCH_AUTO` prefetches only steps of at least this many rows (default 1: every
+  // step, decode included).
   uint32_t prefetch_min_rows;
-  // `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
+  // What `ple_submit` does when the ring is full: a `PLE_RING_*` value (default `PLE_RING_WAIT`).
   ple_ring_full_policy ring_full_policy;
   // Timeout, in microseconds (default 300 s), of the waits libple makes on the caller's behalf:
   // in `ple_dequant_cpu`, `ple_packed_rows`, `ple_release_step`, `ple_dequant_fuse` (host wait),
   // `ple_submit` on a full ring, and the device spin wait. Not used by `ple_wait`.
   uint64_t wait_timeout_us;
-  // Tracked mode: tokens remembered per request, for context and speculative rollback (default 64, >= ngram_size - 1).
+  // Tracked mode: tokens remembered per request, for context and speculative rollback,
+  // `PLE_HISTORY_WINDOW_MIN..=PLE_HISTORY_WINDOW_MAX` and at least `ngram_size - 1` (default 64).
   uint32_t history_window;
   // CUDA device ordinal, or -1 for CPU only (default -1).
   int32_t cuda_device;
-  // `PLE_WAIT_AUTO` (default), `_HOST`, `_STREAM_OP` or `_SPIN_KERNEL`.
+  // How a GPU handle orders the kernel after a step: a `PLE_WAIT_*` value (default
+  // `PLE_WAIT_AUTO`).
   ple_wait_mode wait_mode;
   // For tables made by the Python tool (`*.packed_u8`): path of the checkpoint's `config.json`
   // (NULL: look beside the table). Ignored for libple tables.
@@ -145,45 +281,38 @@ typedef struct ple_options {
   // If not NULL: the checkpoint directory the table must have been packed from; opening fails
   // with `PLE_E_FORMAT` when its fingerprint differs.
   const char *checkpoint_dir;
-  // Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default: 256
-  // MiB, at most an eighth of the memory available, for a DIRECT handle; none for MMAP), 0 (no
-  // cache) or a size (at most 1 TiB, holding at least one row). Rows found in it are copied from
-  // it; others are read from the table and inserted (S3-FIFO eviction). `ple_info.cache_bytes`
-  // reports what the handle got.
+  // Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default),
+  // 0 (no cache) or a size of at most `PLE_CACHE_BYTES_MAX` that holds at least one row. Step
+  // rows found in it are copied from it, the others read from the table and inserted.
+  // `ple_info.cache_bytes` reports what the handle got.
   uint64_t cache_bytes;
-  // `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
-  // compiled without it get AUTO through `struct_size`).
+  // How the handle reads rows: a `PLE_IO_*` value (default `PLE_IO_AUTO`; appended in 0.1.x,
+  // callers compiled without it get AUTO through `struct_size`).
   ple_io_mode io_mode;
-  // Head shards (tensor/data-parallel ranks; appended in 0.1.x, callers compiled without them
-  // get the whole table): the handle serves shard `shard_index` of `shard_count` (1..=16,
-  // default 1 = the whole table), the contiguous heads `[shard_index·16/shard_count,
-  // (shard_index+1)·16/shard_count)` (`ple_info.shard_first_head`, `.shard_heads`). It hashes,
-  // reads, caches and counts only those heads' rows; `ple_packed_rows` gives
-  // `[tokens][shard_heads][row_bytes]`; `ple_dequant_*` write the whole `[tokens][2560]` row
-  // with -0.0 in the other heads' columns (`PLE_FUSE_ACCUMULATE`: nothing added there; -0.0
-  // because `x + -0.0 == x` for every `x`, +0.0 included), so the sum of all shards' outputs
-  // (an all-reduce, in any order) is the whole table's output bit for bit. A
-  // whole table opens as any shard; a shard table (`ple pack --shard`) only as its own shard
-  // (else `PLE_E_FORMAT`). Out of range: `PLE_E_INVALID_ARGUMENT`.
+  // Head shards (tensor/data-parallel ranks), 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole
+  // table; appended in 0.1.x). The handle serves shard `shard_index` of `shard_count`: the
+  // contiguous heads `[shard_index·16/shard_count, (shard_index+1)·16/shard_count)`
+  // (`ple_info.shard_first_head`, `.shard_heads`), and only those heads' rows are hashed, read,
+  // cached and counted. `ple_packed_rows` gives `[tokens][shard_heads][row_bytes]`;
+  // `ple_dequant_*` write the whole `[tokens][2560]` row with -0.0 in the other heads' columns
+  // (`PLE_FUSE_ACCUMULATE`: nothing added there), so the sum of all shards' outputs, in any
+  // order, is the whole table's output bit for bit. A whole table opens as any shard, a shard
+  // table (`ple pack --shard`) only as its own shard (else `PLE_E_FORMAT`). Out of range:
+  // `PLE_E_INVALID_ARGUMENT`.
   uint32_t shard_count;
   // The shard this handle serves, `0..shard_count` (default 0).
   uint32_t shard_index;
   // Most rows queued for read-ahead (`ple_prefetch_ahead`); beyond it the oldest queued rows
-  // are dropped (`ple_counters.ahead_dropped`). 0 (the default) = the row cache's capacity in
-  // rows, or 262,144 without a cache (appended in 0.1.x).
+  // are dropped (`ple_counters.ahead_dropped`). 0 (the default): the row cache's capacity in
+  // rows, or 262,144 without a cache. Appended in 0.1.x.
   uint64_t ahead_max_rows;
   // MMAP: the most bytes of the table the page cache holds for this handle; above it the least
-  // recently used 2 MiB chunks of the row file are dropped after a step
-  // (`ple_counters.resident_dropped_bytes`). 0 (the default) = no cap. Ignored in DIRECT
-  // mode (appended in 0.1.x).
+  // recently used parts of the row file are dropped after a step
+  // (`ple_counters.resident_dropped_bytes`). 0 (the default): no cap. Ignored in DIRECT mode.
+  // Appended in 0.1.x.
   uint64_t resident_bytes_max;
 } ple_options;
 
-// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
-typedef int32_t ple_format;
-
-// How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
-typedef int32_t ple_io_backend;
 
 // Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
 typedef struct ple_info {
@@ -193,23 +322,26 @@ typedef struct ple_info {
   ple_format format;
   // Bytes per row (90, 160 or 320).
   uint32_t row_bytes;
-  // Rows in the file (padded).
+  // Rows in the row file (padded).
   uint64_t total_rows;
   // Rows the hash can address (sum of head sizes).
   uint64_t addressed_rows;
-  // Heads (16) and elements per head (160).
+  // Heads of the whole table (16).
   uint32_t num_heads;
+  // Elements per head (160).
   uint32_t head_dim;
-  // N-gram order (3) and vocabulary size.
+  // N-gram order (3).
   uint32_t ngram_size;
+  // Token ids are in `[0, vocab_size)`.
   uint32_t vocab_size;
   // EOS / BOS token id.
   int32_t eos_token_id;
   // The global dequantisation scale (1.0 for bf16).
   float global_scale;
-  // Size of the row file in bytes.
+  // Bytes of the row file.
   uint64_t file_size;
-  // 1 if device-side waiting is available on the handle's GPU, else 0.
+  // 1 when the handle's GPU waits for steps itself (`PLE_WAIT_STREAM_OP` or
+  // `PLE_WAIT_SPIN_KERNEL` in effect), else 0.
   int32_t device_wait_supported;
   // Name of the source checkpoint (NUL-terminated, truncated to fit).
   char source_name[256];
@@ -222,91 +354,108 @@ typedef struct ple_info {
   // Bytes of the handle's row cache (`options.cache_bytes`, `PLE_CACHE_AUTO` resolved; 0 = no
   // cache). Appended in 0.1.x.
   uint64_t cache_bytes;
-  // The head shard served (`options.shard_index` of `.shard_count`; 0 of 1 = the whole table)
-  // and its heads `[shard_first_head, shard_first_head + shard_heads)`: the rows per token of
-  // `ple_packed_rows`. `total_rows` and `file_size` are the open file's (a shard table's own).
-  // Appended in 0.1.x.
+  // The head shard served (`options.shard_index`; 0 of 1 = the whole table). `total_rows` and
+  // `file_size` are the open file's (a shard table's own). Appended in 0.1.x.
   uint32_t shard_index;
+  // Shards the heads are split into (`options.shard_count`; 1 = the whole table).
   uint32_t shard_count;
+  // First head of the shard.
   uint32_t shard_first_head;
+  // Heads of the shard: the rows per token of `ple_packed_rows` (`num_heads` for the whole table).
   uint32_t shard_heads;
 } ple_info;
 
-// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
+// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times
+// are nanoseconds.
 typedef struct ple_counters {
   // Set by the caller to `sizeof(ple_counters)`.
   size_t struct_size;
-  // Steps completed, prefill and decode apart: a step is prefill when some request's span in it
-  // has more than 8 tokens, so speculative verification of up to 8 tokens counts as decode.
+  // Prefill steps completed (a step is prefill when some request's span in it has more than
+  // 8 tokens, so speculative verification of up to 8 tokens per request counts as decode).
   uint64_t prefill_steps;
+  // Decode steps completed.
   uint64_t decode_steps;
-  // Tokens and rows gathered, prefill and decode apart.
+  // Tokens of the prefill steps.
   uint64_t prefill_tokens;
+  // Tokens of the decode steps.
   uint64_t decode_tokens;
+  // Rows gathered by the prefill steps.
   uint64_t prefill_rows;
+  // Rows gathered by the decode steps.
   uint64_t decode_rows;
-  // Distinct 4 KiB pages the steps' rows touched (per step, summed).
+  // Distinct 4 KiB pages of the row file the steps' rows touched (per step, summed).
   uint64_t unique_pages;
-  // Pages covered by WILLNEED prefetch ranges.
+  // Pages covered by the steps' prefetch (WILLNEED) ranges.
   uint64_t pages_prefetched;
   // Steps that issued a prefetch.
   uint64_t prefetch_steps;
-  // Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
+  // Major page faults taken while gathering, on the threads that gather (getrusage
+  // RUSAGE_THREAD; other threads of the process are not counted).
   uint64_t major_faults;
+  // Minor page faults taken while gathering, counted as `major_faults` is.
   uint64_t minor_faults;
-  // Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the worker threads
-  // caused to be read (`/proc/thread-self/io` read_bytes).
+  // Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the gathering threads
+  // caused to be read (`/proc/thread-self/io` read_bytes; 0 without task I/O accounting).
   uint64_t storage_read_bytes;
-  // Time spent per stage, summed over steps.
+  // Nanoseconds spent hashing tokens to row ids, summed over steps.
   uint64_t hash_ns;
+  // Nanoseconds spent issuing prefetches, summed over steps.
   uint64_t prefetch_ns;
+  // Nanoseconds spent gathering rows, summed over steps.
   uint64_t gather_ns;
+  // Nanoseconds spent copying rows host to device, summed over steps (0 on a CPU-only handle).
   uint64_t copy_ns;
-  // Time callers spent blocked in `ple_wait` / host waits.
+  // Nanoseconds callers spent blocked in waits (`ple_wait`, host waits, a full ring's wait).
   uint64_t wait_ns;
-  // Submit-to-done latency summed, prefill and decode apart.
+  // Submit-to-done nanoseconds of the prefill steps, summed.
   uint64_t prefill_step_ns;
+  // Submit-to-done nanoseconds of the decode steps, summed.
   uint64_t decode_step_ns;
-  // Waits that timed out; steps that failed.
+  // Waits that ran past their timeout.
   uint64_t timeouts;
+  // Steps that failed.
   uint64_t failed_steps;
-  // On demand at the `ple_stats` call: table pages resident in the page cache (mincore), total table pages.
+  // Table pages resident in the page cache (mincore), measured when the counters are read.
   uint64_t resident_pages;
+  // Pages of the table, counted when the counters are read.
   uint64_t table_pages;
-  // On demand: MemAvailable from /proc/meminfo, bytes.
+  // MemAvailable of /proc/meminfo in bytes, read when the counters are read.
   uint64_t mem_available_bytes;
-  // Time steps spent between `ple_submit` and the worker starting them, summed: queueing
-  // behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
+  // Nanoseconds steps spent between submit and the worker starting them, summed: queueing
+  // behind earlier steps and the worker's wake-up (part of the submit-to-done times).
   uint64_t queue_ns;
-  // Rows copied from the row cache, and rows read from the table on a cache miss (0 without
-  // a cache): their sum is the rows of the steps gathered through the cache.
+  // Step rows copied from the row cache (0 without a cache).
   uint64_t cache_hits;
+  // Step rows read from the table on a row-cache miss (0 without a cache); `cache_hits +
+  // cache_misses` = the rows of the steps gathered through the cache.
   uint64_t cache_misses;
-  // Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
-  // `options.cache_bytes`.
+  // Rows the row cache holds × bytes per row (row, index and policy overhead), at most
+  // `cache_bytes`; measured when the counters are read.
   uint64_t cache_bytes_used;
   // Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
   // `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
   uint64_t storage_reads;
-  // Read-ahead (`ple_prefetch_ahead`, appended in 0.1.x): rows asked; read into the row cache
-  // (or the page cache); dropped (beyond `options.ahead_max_rows`, a failed read, the handle
-  // closing, or DIRECT mode without a row cache); found already cached when their turn came.
-  // Once the queue is drained, `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
+  // Read-ahead (`ple_prefetch_ahead`): rows asked. Once its queue is drained, `ahead_asked =
+  // ahead_read + ahead_dropped + ahead_cached`.
   uint64_t ahead_asked;
+  // Read-ahead rows read into the row cache (or the page cache).
   uint64_t ahead_read;
+  // Read-ahead rows dropped: beyond `ahead_max_rows`, a failed read, the handle closing, or
+  // DIRECT mode without a row cache.
   uint64_t ahead_dropped;
+  // Read-ahead rows found already cached when their turn came.
   uint64_t ahead_cached;
-  // Rows of steps found in the row cache that a read-ahead had brought in (part of
-  // `cache_hits`).
+  // Step rows found in the row cache that a read-ahead had brought in (part of `cache_hits`).
   uint64_t ahead_hits;
-  // Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
-  // stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
-  // handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
-  // the ones the reaper has freed (their difference: handles still held by stalled reads).
+  // Process-wide, since start: handles whose close did not wait for their worker (a read
+  // stalled on the device past 30 ms) and went to a reaper thread, which frees the handle's
+  // ring, buffers and descriptors once the kernel completes the reads.
   uint64_t abandoned_handles;
+  // Process-wide, since start: the abandoned handles the reaper has freed
+  // (`abandoned_handles - reaped_handles` are still held by stalled reads).
   uint64_t reaped_handles;
-  // MMAP with `options.resident_bytes_max`: bytes of the table dropped from the page cache
-  // to keep within the cap.
+  // MMAP with `resident_bytes_max`: bytes of the table dropped from the page cache to keep
+  // within the cap.
   uint64_t resident_dropped_bytes;
 } ple_counters;
 
@@ -329,9 +478,6 @@ typedef struct ple_batch {
   // (stateless mode): the tokens just before each span, oldest first, EOS where the sequence has none.
   const int32_t *context;
 } ple_batch;
-
-// Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
-typedef int32_t ple_dtype;
 
 // Flags of `ple_dequant_*`: `PLE_FUSE_*` bits.
 typedef uint32_t ple_fuse_flags;
@@ -367,11 +513,12 @@ typedef struct ple_pack_options {
   size_t struct_size;
   // Non-zero: replace an existing table packed from another checkpoint (default 0: refuse).
   int32_t force;
-  // Bytes per write buffer (default 8 MiB; bounds the packer's memory).
+  // Bytes per write buffer, `PLE_PACK_BUFFER_BYTES_MIN..=PLE_PACK_BUFFER_BYTES_MAX` (default
+  // 8 MiB; the packer's memory is about twice this).
   uint64_t buffer_bytes;
-  // Write a shard table: only the rows of heads shard `shard_index` of `shard_count` serves
-  // (default 1 = the whole table; see `ple_options.shard_count`). The shards' files add up
-  // to the whole table's. Appended in 0.1.x.
+  // Shards, 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole table): write only the rows of the
+  // heads that shard `shard_index` of `shard_count` serves (see `ple_options.shard_count`). The
+  // shards' files add up to the whole table's. Appended in 0.1.x.
   uint32_t shard_count;
   // The shard to write, `0..shard_count` (default 0).
   uint32_t shard_index;
@@ -382,97 +529,11 @@ typedef struct ple_pack_options {
 typedef int32_t (*ple_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, void *user_data);
 
 /* ==============================================================================================
- * Values of the typed fields and arguments (PLE_FORMAT_*, PLE_DTYPE_*, ...)
+ * Values of the flag fields and arguments (PLE_FUSE_*)
  * ============================================================================================== */
-
-// Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
-#define PLE_FORMAT_NVFP4 1
-
-// Row format `fp8`: 160 E4M3 bytes per row.
-#define PLE_FORMAT_FP8 2
-
-// Row format `bf16`: 160 little-endian bf16 per row.
-#define PLE_FORMAT_BF16 3
-
-// Output element type: IEEE float32.
-#define PLE_DTYPE_F32 0
-
-// Output element type: IEEE float16.
-#define PLE_DTYPE_F16 1
-
-// Output element type: bfloat16.
-#define PLE_DTYPE_BF16 2
 
 // `ple_dequant_*` flag: add into `out` instead of overwriting it.
 #define PLE_FUSE_ACCUMULATE 1
-
-// Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
-// decode included) unless a residency sample finds its pages cached (mincore of one page after
-// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
-// prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
-// advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
-// or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
-// issue WILLNEED overlapped with the gather.
-#define PLE_PREFETCH_AUTO 0
-
-// Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
-#define PLE_PREFETCH_ALWAYS 1
-
-// Prefetch policy: never prefetch (MADV_RANDOM faults only).
-#define PLE_PREFETCH_NEVER 2
-
-// I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
-// its file, else MMAP (the default).
-#define PLE_IO_AUTO 0
-
-// I/O mode: gather from the read-only mapping through the page cache.
-#define PLE_IO_MMAP 1
-
-// I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
-// `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
-#define PLE_IO_DIRECT 2
-
-// I/O backend: none (MMAP mode: page faults and WILLNEED advice).
-#define PLE_IO_BACKEND_MMAP 0
-
-// I/O backend: io_uring, a step's reads kept at depth 128.
-#define PLE_IO_BACKEND_IO_URING 1
-
-// I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
-#define PLE_IO_BACKEND_PREAD_POOL 2
-
-// Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
-#define PLE_RING_WAIT 0
-
-// Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
-#define PLE_RING_ERROR 1
-
-// GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
-#define PLE_WAIT_AUTO 0
-
-// GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
-#define PLE_WAIT_HOST 1
-
-// GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
-#define PLE_WAIT_STREAM_OP 2
-
-// GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
-#define PLE_WAIT_SPIN_KERNEL 3
-
-// Log level: errors.
-#define PLE_LOG_ERROR 1
-
-// Log level: warnings (and errors).
-#define PLE_LOG_WARN 2
-
-// Log level: information.
-#define PLE_LOG_INFO 3
-
-// Log level: debugging detail (every error returned, with its text).
-#define PLE_LOG_DEBUG 4
-
-// Log level: everything.
-#define PLE_LOG_TRACE 5
 
 #ifdef __cplusplus
 extern "C" {

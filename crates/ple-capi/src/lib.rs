@@ -19,6 +19,7 @@
 
 #[macro_use]
 pub mod boundary;
+mod c_enum;
 pub mod gpu;
 pub mod handle;
 pub mod log;

@@ -8,25 +8,19 @@
 //! only later log messages, never a step, a wait or a submit.
 
 use crate::status::ple_status;
-use crate::types::{
-    PLE_LOG_DEBUG, PLE_LOG_ERROR, PLE_LOG_INFO, PLE_LOG_TRACE, PLE_LOG_WARN, ple_log_fn,
-    ple_log_level,
-};
+use crate::types::{PLE_LOG_WARN, ple_log_fn, ple_log_level, ple_log_level_code};
 use std::ffi::{CString, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
-
-/// C callback: `level` is a `PLE_LOG_*` value; `msg` is valid only during the call.
-pub type LogCallback =
-    extern "C" fn(level: ple_log_level, msg: *const std::ffi::c_char, user_data: *mut c_void);
 
 /// Log records queued for the callback at most; more are dropped (and counted) until it catches up.
 pub(crate) const QUEUE_RECORDS: usize = 4096;
 
 #[derive(Clone, Copy)]
 struct Sink {
-    cb: LogCallback,
+    /// Never None (a sink exists only while a callback is registered).
+    cb: ple_log_fn,
     user: usize,
 }
 
@@ -43,7 +37,7 @@ struct Delivery {
     state: Mutex<State>,
     /// Signalled when `taken` grows or a callback call ends.
     progress: Condvar,
-    queue: SyncSender<(i32, CString)>,
+    queue: SyncSender<(ple_log_level, CString)>,
     /// Records put on the queue.
     queued: AtomicU64,
     /// Records dropped because the queue was full (reported, then reset, by the delivery thread).
@@ -89,7 +83,7 @@ fn delivery() -> &'static Delivery {
 
 /// The delivery thread: takes each record, reads the current callback under the state lock,
 /// and calls it with no lock held.
-fn deliver_loop(rx: Receiver<(i32, CString)>) {
+fn deliver_loop(rx: Receiver<(ple_log_level, CString)>) {
     ON_DELIVERY_THREAD.with(|f| f.set(true));
     while let Ok((level, msg)) = rx.recv() {
         let d = delivery();
@@ -98,15 +92,15 @@ fn deliver_loop(rx: Receiver<(i32, CString)>) {
             st.delivering = st.sink.is_some();
             st.sink
         };
-        if let Some(s) = sink {
+        if let Some(Sink { cb: Some(cb), user }) = sink {
             let lost = d.dropped.swap(0, Ordering::Relaxed);
             if lost > 0 {
                 let note = format!("libple: {lost} log messages dropped (the callback is slow)");
                 if let Ok(c) = CString::new(note) {
-                    (s.cb)(PLE_LOG_WARN, c.as_ptr(), s.user as *mut c_void);
+                    cb(PLE_LOG_WARN, c.as_ptr(), user as *mut c_void);
                 }
             }
-            (s.cb)(level, msg.as_ptr(), s.user as *mut c_void);
+            cb(level, msg.as_ptr(), user as *mut c_void);
         }
         let mut st = state(d);
         st.taken += 1;
@@ -145,7 +139,7 @@ impl log::Log for CallbackLogger {
             return;
         };
         let d = delivery();
-        match d.queue.try_send((r.level() as i32, c)) {
+        match d.queue.try_send((ple_log_level_code::to_c(r.level()), c)) {
             Ok(()) => {
                 d.queued.fetch_add(1, Ordering::SeqCst);
             }
@@ -178,7 +172,7 @@ pub fn init() {
 /// reach it. Records queued before the call are delivered to the previous callback first, and
 /// when it returns the previous callback is not running and will not be called again — unless
 /// the call comes from a callback (the delivery thread), which then swaps without waiting.
-pub fn set_callback(cb: Option<LogCallback>, user: *mut c_void, max_level: log::LevelFilter) {
+pub fn set_callback(cb: ple_log_fn, user: *mut c_void, max_level: log::LevelFilter) {
     init();
     let d = delivery();
     let mut st = state(d);
@@ -190,7 +184,7 @@ pub fn set_callback(cb: Option<LogCallback>, user: *mut c_void, max_level: log::
         }
     }
     st.sink = cb.map(|cb| Sink {
-        cb,
+        cb: Some(cb),
         user: user as usize,
     });
     HAS_SINK.store(cb.is_some(), Ordering::Relaxed);
@@ -223,18 +217,10 @@ pub unsafe extern "C" fn ple_set_log_callback(
     user_data: *mut c_void,
 ) -> ple_status {
     ffi_guard!({
-        let level = match max_level {
-            PLE_LOG_ERROR => log::LevelFilter::Error,
-            PLE_LOG_WARN => log::LevelFilter::Warn,
-            PLE_LOG_INFO => log::LevelFilter::Info,
-            PLE_LOG_DEBUG => log::LevelFilter::Debug,
-            PLE_LOG_TRACE => log::LevelFilter::Trace,
-            _ => {
-                return ple_core::invalid!(
-                    "max_level {max_level} is not a PLE_LOG_* value (1..=5)"
-                );
-            }
+        let Some(level) = ple_log_level_code::from_c(max_level) else {
+            return ple_core::invalid!("max_level {max_level} is not a PLE_LOG_* value (1..=5)");
         };
+        let level = level.to_level_filter();
         set_callback(callback, user_data, level);
         Ok(())
     })

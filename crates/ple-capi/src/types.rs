@@ -1,6 +1,7 @@
 //! The C types of the ABI: constants, typedef'd value types, the versioned structs, callbacks, and
 //! the conversions between them and the core's typed values.
 
+use crate::c_enum::c_enum;
 use ple_core::dequant::{Dtype, OutArgs};
 use ple_core::format::pack::PackOptions;
 use ple_core::format::table::TableInfo;
@@ -8,7 +9,6 @@ use ple_core::invalid;
 use ple_core::io::direct::Backend;
 use ple_core::model::RowFormat;
 use ple_core::shard::Shard;
-use ple_core::stats::Counters;
 use ple_core::step::IoInfo;
 use ple_core::step::{IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
 use ple_core::{Error, Result};
@@ -35,27 +35,75 @@ pub const PLE_EMBED_DIM: u32 = 2560;
 pub const PLE_MAX_TRACKED_REQUESTS: u32 = 65536;
 /// `ple_options.cache_bytes` default: a row cache of 256 MiB (at most an eighth of the memory
 /// available at open) for a handle that runs `PLE_IO_DIRECT`, none for `PLE_IO_MMAP`.
-pub const PLE_CACHE_AUTO: u64 = 0xFFFF_FFFF_FFFF_FFFF;
+pub const PLE_CACHE_AUTO: u64 = u64::MAX;
+/// Largest `ple_options.max_tokens_per_step`.
+pub const PLE_MAX_TOKENS_PER_STEP_MAX: u32 = 1 << 20;
+/// Largest `ple_options.max_in_flight`.
+pub const PLE_MAX_IN_FLIGHT_MAX: u32 = 64;
+/// Largest `ple_options.num_threads`.
+pub const PLE_NUM_THREADS_MAX: u32 = 1024;
+/// Smallest `ple_options.history_window`.
+pub const PLE_HISTORY_WINDOW_MIN: u32 = 2;
+/// Largest `ple_options.history_window`.
+pub const PLE_HISTORY_WINDOW_MAX: u32 = 1 << 20;
+/// Largest `ple_options.cache_bytes` other than `PLE_CACHE_AUTO` (1 TiB).
+pub const PLE_CACHE_BYTES_MAX: u64 = 1_099_511_627_776;
+/// Largest `ple_options.shard_count` and `ple_pack_options.shard_count` (one head per shard).
+pub const PLE_SHARD_COUNT_MAX: u32 = 16;
+/// Smallest `ple_pack_options.buffer_bytes`.
+pub const PLE_PACK_BUFFER_BYTES_MIN: u64 = 4096;
+/// Largest `ple_pack_options.buffer_bytes` (1 GiB).
+pub const PLE_PACK_BUFFER_BYTES_MAX: u64 = 1_073_741_824;
+
+// The header's model constants and limits are the core's: a mismatch does not compile. (cbindgen
+// reads only this crate, so the values are spelled here, and checked against their one home.)
+const _: () = {
+    use ple_core::format::pack;
+    use ple_core::model;
+    use ple_core::step::options as o;
+    assert!(PLE_NUM_HEADS as usize == model::NUM_HEADS);
+    assert!(PLE_EMBED_DIM as usize == model::PLE_EMBED_DIM);
+    assert!(PLE_CACHE_AUTO == o::CACHE_AUTO);
+    assert!(PLE_MAX_TOKENS_PER_STEP_MAX == o::MAX_TOKENS_PER_STEP_MAX);
+    assert!(PLE_MAX_IN_FLIGHT_MAX == o::MAX_IN_FLIGHT_MAX);
+    assert!(PLE_NUM_THREADS_MAX == o::NUM_THREADS_MAX);
+    assert!(PLE_HISTORY_WINDOW_MIN == o::HISTORY_WINDOW_MIN);
+    assert!(PLE_HISTORY_WINDOW_MAX == o::HISTORY_WINDOW_MAX);
+    assert!(PLE_CACHE_BYTES_MAX == o::MAX_CACHE_BYTES);
+    assert!(PLE_SHARD_COUNT_MAX == ple_core::shard::MAX_SHARDS);
+    assert!(PLE_PACK_BUFFER_BYTES_MIN == pack::MIN_BUFFER_BYTES as u64);
+    assert!(PLE_PACK_BUFFER_BYTES_MAX == pack::MAX_BUFFER_BYTES as u64);
+};
 
 /// Row format of a table (`ple_info.format`): a `PLE_FORMAT_*` value.
 pub type ple_format = i32;
 
-/// Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
-pub const PLE_FORMAT_NVFP4: ple_format = 1;
-/// Row format `fp8`: 160 E4M3 bytes per row.
-pub const PLE_FORMAT_FP8: ple_format = 2;
-/// Row format `bf16`: 160 little-endian bf16 per row.
-pub const PLE_FORMAT_BF16: ple_format = 3;
+c_enum! {
+    /// The values of `ple_format`.
+    enum ple_format_code: ple_format, RowFormat {
+        /// Row format `nvfp4`: 80 code bytes + 10 E4M3 block scales per row.
+        PLE_FORMAT_NVFP4 = 1 => (RowFormat::Nvfp4),
+        /// Row format `fp8`: 160 E4M3 bytes per row.
+        PLE_FORMAT_FP8 = 2 => (RowFormat::Fp8),
+        /// Row format `bf16`: 160 little-endian bf16 per row.
+        PLE_FORMAT_BF16 = 3 => (RowFormat::Bf16),
+    }
+}
 
 /// Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
 pub type ple_dtype = i32;
 
-/// Output element type: IEEE float32.
-pub const PLE_DTYPE_F32: ple_dtype = 0;
-/// Output element type: IEEE float16.
-pub const PLE_DTYPE_F16: ple_dtype = 1;
-/// Output element type: bfloat16.
-pub const PLE_DTYPE_BF16: ple_dtype = 2;
+c_enum! {
+    /// The values of `ple_dtype`.
+    enum ple_dtype_code: ple_dtype, Dtype {
+        /// Output element type: IEEE float32.
+        PLE_DTYPE_F32 = 0 => (Dtype::F32),
+        /// Output element type: IEEE float16.
+        PLE_DTYPE_F16 = 1 => (Dtype::F16),
+        /// Output element type: bfloat16.
+        PLE_DTYPE_BF16 = 2 => (Dtype::Bf16),
+    }
+}
 
 /// Flags of `ple_dequant_*`: `PLE_FUSE_*` bits.
 pub type ple_fuse_flags = u32;
@@ -66,60 +114,84 @@ pub const PLE_FUSE_ACCUMULATE: ple_fuse_flags = 1;
 /// When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
 pub type ple_prefetch_policy = i32;
 
-/// Prefetch policy: prefetch a step of at least `prefetch_min_rows` rows (default 1: every step,
-/// decode included) unless a residency sample finds its pages cached (mincore of one page after
-/// cached steps; after a step that read storage, one page per 1,024 rows, 4 to 16). In MMAP mode a
-/// prefetching step of up to 4,096 rows reads its rows' sectors `O_DIRECT` through io_uring and
-/// advises their pages WILLNEED once it is published (so the page cache warms; where `O_DIRECT`
-/// or io_uring is refused: buffered io_uring reads, or WILLNEED then the gather); bigger steps
-/// issue WILLNEED overlapped with the gather.
-pub const PLE_PREFETCH_AUTO: ple_prefetch_policy = 0;
-/// Prefetch policy: prefetch every step (as AUTO does a step that is not cached).
-pub const PLE_PREFETCH_ALWAYS: ple_prefetch_policy = 1;
-/// Prefetch policy: never prefetch (MADV_RANDOM faults only).
-pub const PLE_PREFETCH_NEVER: ple_prefetch_policy = 2;
+c_enum! {
+    /// The values of `ple_prefetch_policy`.
+    enum ple_prefetch_policy_code: ple_prefetch_policy, PrefetchPolicy {
+        /// Prefetch policy (the default): prefetch a step of at least `prefetch_min_rows` rows unless
+        /// a residency sample finds its pages cached. How a step is sampled and prefetched:
+        /// docs/ARCHITECTURE.md, "Prefetch (MMAP)".
+        PLE_PREFETCH_AUTO = 0 => (PrefetchPolicy::Auto),
+        /// Prefetch policy: prefetch every step, cached or not.
+        PLE_PREFETCH_ALWAYS = 1 => (PrefetchPolicy::Always),
+        /// Prefetch policy: never prefetch (MADV_RANDOM faults only).
+        PLE_PREFETCH_NEVER = 2 => (PrefetchPolicy::Never),
+    }
+}
 
 /// How a handle reads rows (`ple_options.io_mode`, `ple_info.io_mode`): a `PLE_IO_*` value.
 pub type ple_io_mode = i32;
 
-/// I/O mode: DIRECT when the table is larger than the machine's memory and direct I/O works on
-/// its file, else MMAP (the default).
-pub const PLE_IO_AUTO: ple_io_mode = 0;
-/// I/O mode: gather from the read-only mapping through the page cache.
-pub const PLE_IO_MMAP: ple_io_mode = 1;
-/// I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
-/// `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
-pub const PLE_IO_DIRECT: ple_io_mode = 2;
+c_enum! {
+    /// The values of `ple_io_mode`.
+    enum ple_io_mode_code: ple_io_mode, IoMode {
+        /// I/O mode (the default): DIRECT when the table is larger than the machine's memory and
+        /// direct I/O works on its file, else MMAP.
+        PLE_IO_AUTO = 0 => (IoMode::Auto),
+        /// I/O mode: gather from the read-only mapping through the page cache.
+        PLE_IO_MMAP = 1 => (IoMode::Mmap),
+        /// I/O mode: `O_DIRECT` reads of exactly the rows' blocks; `ple_open` fails with
+        /// `PLE_E_UNSUPPORTED` where the file system refuses direct I/O (tmpfs).
+        PLE_IO_DIRECT = 2 => (IoMode::Direct),
+    }
+}
 
 /// How DIRECT reads are issued (`ple_info.io_backend`): a `PLE_IO_BACKEND_*` value.
 pub type ple_io_backend = i32;
 
-/// I/O backend: none (MMAP mode: page faults and WILLNEED advice).
-pub const PLE_IO_BACKEND_MMAP: ple_io_backend = 0;
-/// I/O backend: io_uring, a step's reads kept at depth 128.
-pub const PLE_IO_BACKEND_IO_URING: ple_io_backend = 1;
-/// I/O backend: a pool of 128 `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
-pub const PLE_IO_BACKEND_PREAD_POOL: ple_io_backend = 2;
+c_enum! {
+    /// The values of `ple_io_backend`.
+    enum ple_io_backend_code: ple_io_backend, Option<Backend> {
+        /// I/O backend: none (MMAP mode: page faults and WILLNEED advice).
+        PLE_IO_BACKEND_MMAP = 0 => (None),
+        /// I/O backend: io_uring.
+        PLE_IO_BACKEND_IO_URING = 1 => (Some(Backend::IoUring)),
+        /// I/O backend: a pool of `pread` threads (io_uring refused, or `PLE_IO_FORCE_PREAD` set).
+        PLE_IO_BACKEND_PREAD_POOL = 2 => (Some(Backend::PreadPool)),
+    }
+}
 
 /// What `ple_submit` does on a full ring (`ple_options.ring_full_policy`): a `PLE_RING_*` value.
 pub type ple_ring_full_policy = i32;
 
-/// Ring policy: `ple_submit` into a slot whose rows were not consumed blocks until they are.
-pub const PLE_RING_WAIT: ple_ring_full_policy = 0;
-/// Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
-pub const PLE_RING_ERROR: ple_ring_full_policy = 1;
+c_enum! {
+    /// The values of `ple_ring_full_policy`.
+    enum ple_ring_full_policy_code: ple_ring_full_policy, RingFullPolicy {
+        /// Ring policy (the default): `ple_submit` into a slot whose rows were not consumed blocks
+        /// until they are (at most `wait_timeout_us`, then `PLE_E_TIMEOUT`).
+        PLE_RING_WAIT = 0 => (RingFullPolicy::Wait),
+        /// Ring policy: `ple_submit` into a slot whose rows were not consumed fails with `PLE_E_STATE`.
+        PLE_RING_ERROR = 1 => (RingFullPolicy::Error),
+    }
+}
 
 /// How a GPU handle orders the kernel after a step (`ple_options.wait_mode`): a `PLE_WAIT_*` value.
 pub type ple_wait_mode = i32;
 
-/// GPU wait mode: device wait where supported (stream memory op, else spin kernel), else host.
-pub const PLE_WAIT_AUTO: ple_wait_mode = 0;
-/// GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
-pub const PLE_WAIT_HOST: ple_wait_mode = 1;
-/// GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
-pub const PLE_WAIT_STREAM_OP: ple_wait_mode = 2;
-/// GPU wait mode: a one-thread spin kernel on a device-mapped flag, with a timeout.
-pub const PLE_WAIT_SPIN_KERNEL: ple_wait_mode = 3;
+c_enum! {
+    /// The values of `ple_wait_mode`.
+    enum ple_wait_mode_code: ple_wait_mode, WaitMode {
+        /// GPU wait mode (the default): a device wait where supported (stream memory op, else spin
+        /// kernel), else a host wait.
+        PLE_WAIT_AUTO = 0 => (WaitMode::Auto),
+        /// GPU wait mode: the host blocks in `ple_wait`, then enqueues the kernel.
+        PLE_WAIT_HOST = 1 => (WaitMode::Host),
+        /// GPU wait mode: `cuStreamWaitValue64` on the engine's stream (needs 64-bit stream mem ops).
+        PLE_WAIT_STREAM_OP = 2 => (WaitMode::StreamOp),
+        /// GPU wait mode: a one-thread spin kernel on a device-mapped flag, bounded by
+        /// `wait_timeout_us`.
+        PLE_WAIT_SPIN_KERNEL = 3 => (WaitMode::SpinKernel),
+    }
+}
 
 /// Options for `ple_open`. Always initialise with `ple_options_default()`, then change fields:
 /// `struct_size` lets later versions add fields without breaking callers.
@@ -128,27 +200,33 @@ pub const PLE_WAIT_SPIN_KERNEL: ple_wait_mode = 3;
 pub struct ple_options {
     /// `sizeof(ple_options)` as the caller compiled it (set by `ple_options_default`).
     pub struct_size: usize,
-    /// Largest `num_tokens` one step may carry (default 8192). Sizes the staging slots.
+    /// Largest `num_tokens` one step may carry, 1..=`PLE_MAX_TOKENS_PER_STEP_MAX` (default 8192).
+    /// Sizes the staging slots.
     pub max_tokens_per_step: u32,
-    /// Steps that may be submitted but not yet consumed (ring slots, default 2, 1..=64).
+    /// Steps that may be submitted but not yet consumed (ring slots), 1..=`PLE_MAX_IN_FLIGHT_MAX`
+    /// (default 2).
     pub max_in_flight: u32,
-    /// Gather threads in the handle's private pool (0 = number of CPUs, default 0).
+    /// Gather threads in the handle's private pool, at most `PLE_NUM_THREADS_MAX` (default 0: the
+    /// number of CPUs).
     pub num_threads: u32,
-    /// `PLE_PREFETCH_AUTO` (default), `_ALWAYS` or `_NEVER`.
+    /// When steps prefetch: a `PLE_PREFETCH_*` value (default `PLE_PREFETCH_AUTO`).
     pub prefetch_policy: ple_prefetch_policy,
-    /// AUTO prefetches steps with at least this many rows (default 1).
+    /// `PLE_PREFETCH_AUTO` prefetches only steps of at least this many rows (default 1: every
+    /// step, decode included).
     pub prefetch_min_rows: u32,
-    /// `PLE_RING_WAIT` (default) or `PLE_RING_ERROR`: what `ple_submit` does when the ring is full.
+    /// What `ple_submit` does when the ring is full: a `PLE_RING_*` value (default `PLE_RING_WAIT`).
     pub ring_full_policy: ple_ring_full_policy,
     /// Timeout, in microseconds (default 300 s), of the waits libple makes on the caller's behalf:
     /// in `ple_dequant_cpu`, `ple_packed_rows`, `ple_release_step`, `ple_dequant_fuse` (host wait),
     /// `ple_submit` on a full ring, and the device spin wait. Not used by `ple_wait`.
     pub wait_timeout_us: u64,
-    /// Tracked mode: tokens remembered per request, for context and speculative rollback (default 64, >= ngram_size - 1).
+    /// Tracked mode: tokens remembered per request, for context and speculative rollback,
+    /// `PLE_HISTORY_WINDOW_MIN..=PLE_HISTORY_WINDOW_MAX` and at least `ngram_size - 1` (default 64).
     pub history_window: u32,
     /// CUDA device ordinal, or -1 for CPU only (default -1).
     pub cuda_device: i32,
-    /// `PLE_WAIT_AUTO` (default), `_HOST`, `_STREAM_OP` or `_SPIN_KERNEL`.
+    /// How a GPU handle orders the kernel after a step: a `PLE_WAIT_*` value (default
+    /// `PLE_WAIT_AUTO`).
     pub wait_mode: ple_wait_mode,
     /// For tables made by the Python tool (`*.packed_u8`): path of the checkpoint's `config.json`
     /// (NULL: look beside the table). Ignored for libple tables.
@@ -156,37 +234,35 @@ pub struct ple_options {
     /// If not NULL: the checkpoint directory the table must have been packed from; opening fails
     /// with `PLE_E_FORMAT` when its fingerprint differs.
     pub checkpoint_dir: *const c_char,
-    /// Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default: 256
-    /// MiB, at most an eighth of the memory available, for a DIRECT handle; none for MMAP), 0 (no
-    /// cache) or a size (at most 1 TiB, holding at least one row). Rows found in it are copied from
-    /// it; others are read from the table and inserted (S3-FIFO eviction). `ple_info.cache_bytes`
-    /// reports what the handle got.
+    /// Bytes of memory for a cache of rows, allocated at open: `PLE_CACHE_AUTO` (the default),
+    /// 0 (no cache) or a size of at most `PLE_CACHE_BYTES_MAX` that holds at least one row. Step
+    /// rows found in it are copied from it, the others read from the table and inserted.
+    /// `ple_info.cache_bytes` reports what the handle got.
     pub cache_bytes: u64,
-    /// `PLE_IO_AUTO` (default), `PLE_IO_MMAP` or `PLE_IO_DIRECT` (appended in 0.1.x; callers
-    /// compiled without it get AUTO through `struct_size`).
+    /// How the handle reads rows: a `PLE_IO_*` value (default `PLE_IO_AUTO`; appended in 0.1.x,
+    /// callers compiled without it get AUTO through `struct_size`).
     pub io_mode: ple_io_mode,
-    /// Head shards (tensor/data-parallel ranks; appended in 0.1.x, callers compiled without them
-    /// get the whole table): the handle serves shard `shard_index` of `shard_count` (1..=16,
-    /// default 1 = the whole table), the contiguous heads `[shard_index·16/shard_count,
-    /// (shard_index+1)·16/shard_count)` (`ple_info.shard_first_head`, `.shard_heads`). It hashes,
-    /// reads, caches and counts only those heads' rows; `ple_packed_rows` gives
-    /// `[tokens][shard_heads][row_bytes]`; `ple_dequant_*` write the whole `[tokens][2560]` row
-    /// with -0.0 in the other heads' columns (`PLE_FUSE_ACCUMULATE`: nothing added there; -0.0
-    /// because `x + -0.0 == x` for every `x`, +0.0 included), so the sum of all shards' outputs
-    /// (an all-reduce, in any order) is the whole table's output bit for bit. A
-    /// whole table opens as any shard; a shard table (`ple pack --shard`) only as its own shard
-    /// (else `PLE_E_FORMAT`). Out of range: `PLE_E_INVALID_ARGUMENT`.
+    /// Head shards (tensor/data-parallel ranks), 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole
+    /// table; appended in 0.1.x). The handle serves shard `shard_index` of `shard_count`: the
+    /// contiguous heads `[shard_index·16/shard_count, (shard_index+1)·16/shard_count)`
+    /// (`ple_info.shard_first_head`, `.shard_heads`), and only those heads' rows are hashed, read,
+    /// cached and counted. `ple_packed_rows` gives `[tokens][shard_heads][row_bytes]`;
+    /// `ple_dequant_*` write the whole `[tokens][2560]` row with -0.0 in the other heads' columns
+    /// (`PLE_FUSE_ACCUMULATE`: nothing added there), so the sum of all shards' outputs, in any
+    /// order, is the whole table's output bit for bit. A whole table opens as any shard, a shard
+    /// table (`ple pack --shard`) only as its own shard (else `PLE_E_FORMAT`). Out of range:
+    /// `PLE_E_INVALID_ARGUMENT`.
     pub shard_count: u32,
     /// The shard this handle serves, `0..shard_count` (default 0).
     pub shard_index: u32,
     /// Most rows queued for read-ahead (`ple_prefetch_ahead`); beyond it the oldest queued rows
-    /// are dropped (`ple_counters.ahead_dropped`). 0 (the default) = the row cache's capacity in
-    /// rows, or 262,144 without a cache (appended in 0.1.x).
+    /// are dropped (`ple_counters.ahead_dropped`). 0 (the default): the row cache's capacity in
+    /// rows, or 262,144 without a cache. Appended in 0.1.x.
     pub ahead_max_rows: u64,
     /// MMAP: the most bytes of the table the page cache holds for this handle; above it the least
-    /// recently used 2 MiB chunks of the row file are dropped after a step
-    /// (`ple_counters.resident_dropped_bytes`). 0 (the default) = no cap. Ignored in DIRECT
-    /// mode (appended in 0.1.x).
+    /// recently used parts of the row file are dropped after a step
+    /// (`ple_counters.resident_dropped_bytes`). 0 (the default): no cap. Ignored in DIRECT mode.
+    /// Appended in 0.1.x.
     pub resident_bytes_max: u64,
 }
 
@@ -198,11 +274,12 @@ pub struct ple_pack_options {
     pub struct_size: usize,
     /// Non-zero: replace an existing table packed from another checkpoint (default 0: refuse).
     pub force: i32,
-    /// Bytes per write buffer (default 8 MiB; bounds the packer's memory).
+    /// Bytes per write buffer, `PLE_PACK_BUFFER_BYTES_MIN..=PLE_PACK_BUFFER_BYTES_MAX` (default
+    /// 8 MiB; the packer's memory is about twice this).
     pub buffer_bytes: u64,
-    /// Write a shard table: only the rows of heads shard `shard_index` of `shard_count` serves
-    /// (default 1 = the whole table; see `ple_options.shard_count`). The shards' files add up
-    /// to the whole table's. Appended in 0.1.x.
+    /// Shards, 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole table): write only the rows of the
+    /// heads that shard `shard_index` of `shard_count` serves (see `ple_options.shard_count`). The
+    /// shards' files add up to the whole table's. Appended in 0.1.x.
     pub shard_count: u32,
     /// The shard to write, `0..shard_count` (default 0).
     pub shard_index: u32,
@@ -216,16 +293,21 @@ pub type ple_progress_fn =
 /// Severity of a log message: a `PLE_LOG_*` value (1 = error ... 5 = trace).
 pub type ple_log_level = i32;
 
-/// Log level: errors.
-pub const PLE_LOG_ERROR: ple_log_level = 1;
-/// Log level: warnings (and errors).
-pub const PLE_LOG_WARN: ple_log_level = 2;
-/// Log level: information.
-pub const PLE_LOG_INFO: ple_log_level = 3;
-/// Log level: debugging detail (every error returned, with its text).
-pub const PLE_LOG_DEBUG: ple_log_level = 4;
-/// Log level: everything.
-pub const PLE_LOG_TRACE: ple_log_level = 5;
+c_enum! {
+    /// The values of `ple_log_level`.
+    enum ple_log_level_code: ple_log_level, log::Level {
+        /// Log level: errors.
+        PLE_LOG_ERROR = 1 => (log::Level::Error),
+        /// Log level: warnings (and errors).
+        PLE_LOG_WARN = 2 => (log::Level::Warn),
+        /// Log level: information.
+        PLE_LOG_INFO = 3 => (log::Level::Info),
+        /// Log level: debugging detail (every error returned, with its text).
+        PLE_LOG_DEBUG = 4 => (log::Level::Debug),
+        /// Log level: everything.
+        PLE_LOG_TRACE = 5 => (log::Level::Trace),
+    }
+}
 
 /// Log callback: `level` a `PLE_LOG_*` value; `message` is valid only during the call. Runs on
 /// libple's own log thread, never inside another libple call (see `ple_set_log_callback`).
@@ -255,10 +337,6 @@ pub struct ple_batch {
 }
 
 /// Facts about an open table, filled by `ple_table_info()` (named `ple_info` in C).
-#[allow(
-    missing_docs,
-    reason = "paired fields share one comment (heads and head size, ...)"
-)]
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ple_table_info {
@@ -268,23 +346,26 @@ pub struct ple_table_info {
     pub format: ple_format,
     /// Bytes per row (90, 160 or 320).
     pub row_bytes: u32,
-    /// Rows in the file (padded).
+    /// Rows in the row file (padded).
     pub total_rows: u64,
     /// Rows the hash can address (sum of head sizes).
     pub addressed_rows: u64,
-    /// Heads (16) and elements per head (160).
+    /// Heads of the whole table (16).
     pub num_heads: u32,
+    /// Elements per head (160).
     pub head_dim: u32,
-    /// N-gram order (3) and vocabulary size.
+    /// N-gram order (3).
     pub ngram_size: u32,
+    /// Token ids are in `[0, vocab_size)`.
     pub vocab_size: u32,
     /// EOS / BOS token id.
     pub eos_token_id: i32,
     /// The global dequantisation scale (1.0 for bf16).
     pub global_scale: f32,
-    /// Size of the row file in bytes.
+    /// Bytes of the row file.
     pub file_size: u64,
-    /// 1 if device-side waiting is available on the handle's GPU, else 0.
+    /// 1 when the handle's GPU waits for steps itself (`PLE_WAIT_STREAM_OP` or
+    /// `PLE_WAIT_SPIN_KERNEL` in effect), else 0.
     pub device_wait_supported: i32,
     /// Name of the source checkpoint (NUL-terminated, truncated to fit).
     pub source_name: [c_char; 256],
@@ -297,99 +378,19 @@ pub struct ple_table_info {
     /// Bytes of the handle's row cache (`options.cache_bytes`, `PLE_CACHE_AUTO` resolved; 0 = no
     /// cache). Appended in 0.1.x.
     pub cache_bytes: u64,
-    /// The head shard served (`options.shard_index` of `.shard_count`; 0 of 1 = the whole table)
-    /// and its heads `[shard_first_head, shard_first_head + shard_heads)`: the rows per token of
-    /// `ple_packed_rows`. `total_rows` and `file_size` are the open file's (a shard table's own).
-    /// Appended in 0.1.x.
+    /// The head shard served (`options.shard_index`; 0 of 1 = the whole table). `total_rows` and
+    /// `file_size` are the open file's (a shard table's own). Appended in 0.1.x.
     pub shard_index: u32,
+    /// Shards the heads are split into (`options.shard_count`; 1 = the whole table).
     pub shard_count: u32,
+    /// First head of the shard.
     pub shard_first_head: u32,
+    /// Heads of the shard: the rows per token of `ple_packed_rows` (`num_heads` for the whole table).
     pub shard_heads: u32,
 }
 
-/// Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times are nanoseconds.
-#[allow(
-    missing_docs,
-    reason = "paired fields share one comment (prefill and decode, ...)"
-)]
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ple_stats {
-    /// Set by the caller to `sizeof(ple_counters)`.
-    pub struct_size: usize,
-    /// Steps completed, prefill and decode apart: a step is prefill when some request's span in it
-    /// has more than 8 tokens, so speculative verification of up to 8 tokens counts as decode.
-    pub prefill_steps: u64,
-    pub decode_steps: u64,
-    /// Tokens and rows gathered, prefill and decode apart.
-    pub prefill_tokens: u64,
-    pub decode_tokens: u64,
-    pub prefill_rows: u64,
-    pub decode_rows: u64,
-    /// Distinct 4 KiB pages the steps' rows touched (per step, summed).
-    pub unique_pages: u64,
-    /// Pages covered by WILLNEED prefetch ranges.
-    pub pages_prefetched: u64,
-    /// Steps that issued a prefetch.
-    pub prefetch_steps: u64,
-    /// Page faults taken by the worker and pool threads while gathering (getrusage RUSAGE_THREAD).
-    pub major_faults: u64,
-    pub minor_faults: u64,
-    /// Bytes read from storage: DIRECT, the bytes of its reads; MMAP, what the worker threads
-    /// caused to be read (`/proc/thread-self/io` read_bytes).
-    pub storage_read_bytes: u64,
-    /// Time spent per stage, summed over steps.
-    pub hash_ns: u64,
-    pub prefetch_ns: u64,
-    pub gather_ns: u64,
-    pub copy_ns: u64,
-    /// Time callers spent blocked in `ple_wait` / host waits.
-    pub wait_ns: u64,
-    /// Submit-to-done latency summed, prefill and decode apart.
-    pub prefill_step_ns: u64,
-    pub decode_step_ns: u64,
-    /// Waits that timed out; steps that failed.
-    pub timeouts: u64,
-    pub failed_steps: u64,
-    /// On demand at the `ple_stats` call: table pages resident in the page cache (mincore), total table pages.
-    pub resident_pages: u64,
-    pub table_pages: u64,
-    /// On demand: MemAvailable from /proc/meminfo, bytes.
-    pub mem_available_bytes: u64,
-    /// Time steps spent between `ple_submit` and the worker starting them, summed: queueing
-    /// behind earlier steps, and the worker thread's wake-up (part of the submit-to-done times).
-    pub queue_ns: u64,
-    /// Rows copied from the row cache, and rows read from the table on a cache miss (0 without
-    /// a cache): their sum is the rows of the steps gathered through the cache.
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    /// Rows the cache holds × bytes per row (the row and its index and policy overhead), at most
-    /// `options.cache_bytes`.
-    pub cache_bytes_used: u64,
-    /// Requests sent to storage: DIRECT, the merged `O_DIRECT` reads (whose bytes
-    /// `storage_read_bytes` counts); MMAP, the WILLNEED calls plus the major faults.
-    pub storage_reads: u64,
-    /// Read-ahead (`ple_prefetch_ahead`, appended in 0.1.x): rows asked; read into the row cache
-    /// (or the page cache); dropped (beyond `options.ahead_max_rows`, a failed read, the handle
-    /// closing, or DIRECT mode without a row cache); found already cached when their turn came.
-    /// Once the queue is drained, `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
-    pub ahead_asked: u64,
-    pub ahead_read: u64,
-    pub ahead_dropped: u64,
-    pub ahead_cached: u64,
-    /// Rows of steps found in the row cache that a read-ahead had brought in (part of
-    /// `cache_hits`).
-    pub ahead_hits: u64,
-    /// Process-wide, since start: handles whose `ple_close` did not wait for their worker (a read
-    /// stalled on the device past 30 ms) and handed it to a reaper thread, which frees the
-    /// handle's ring, buffers and descriptors once the kernel completes the reads; and of those,
-    /// the ones the reaper has freed (their difference: handles still held by stalled reads).
-    pub abandoned_handles: u64,
-    pub reaped_handles: u64,
-    /// MMAP with `options.resident_bytes_max`: bytes of the table dropped from the page cache
-    /// to keep within the cap.
-    pub resident_dropped_bytes: u64,
-}
+// `ple_stats` (`ple_counters` in C) and `counters_to_c`, generated from the core's counter list.
+include!(concat!(env!("OUT_DIR"), "/ple_counters.rs"));
 
 // ---------------------------------------------------------------------------------------------
 // Conversions between the C structs and the core's typed values (the only place they happen)
@@ -402,33 +403,17 @@ pub fn options_to_c(o: &OpenOptions) -> ple_options {
         max_tokens_per_step: o.max_tokens_per_step,
         max_in_flight: o.max_in_flight,
         num_threads: o.num_threads,
-        prefetch_policy: match o.prefetch_policy {
-            PrefetchPolicy::Auto => PLE_PREFETCH_AUTO,
-            PrefetchPolicy::Always => PLE_PREFETCH_ALWAYS,
-            PrefetchPolicy::Never => PLE_PREFETCH_NEVER,
-        },
+        prefetch_policy: ple_prefetch_policy_code::to_c(o.prefetch_policy),
         prefetch_min_rows: o.prefetch_min_rows,
-        ring_full_policy: match o.ring_full_policy {
-            RingFullPolicy::Wait => PLE_RING_WAIT,
-            RingFullPolicy::Error => PLE_RING_ERROR,
-        },
+        ring_full_policy: ple_ring_full_policy_code::to_c(o.ring_full_policy),
         wait_timeout_us: o.wait_timeout_us,
         history_window: o.history_window,
         cuda_device: o.cuda_device,
-        wait_mode: match o.wait_mode {
-            WaitMode::Auto => PLE_WAIT_AUTO,
-            WaitMode::Host => PLE_WAIT_HOST,
-            WaitMode::StreamOp => PLE_WAIT_STREAM_OP,
-            WaitMode::SpinKernel => PLE_WAIT_SPIN_KERNEL,
-        },
+        wait_mode: ple_wait_mode_code::to_c(o.wait_mode),
         config_json_path: std::ptr::null(),
         checkpoint_dir: std::ptr::null(),
         cache_bytes: o.cache_bytes,
-        io_mode: match o.io_mode {
-            IoMode::Auto => PLE_IO_AUTO,
-            IoMode::Mmap => PLE_IO_MMAP,
-            IoMode::Direct => PLE_IO_DIRECT,
-        },
+        io_mode: ple_io_mode_code::to_c(o.io_mode),
         shard_count: o.shard.count,
         shard_index: o.shard.index,
         ahead_max_rows: o.ahead_max_rows,
@@ -455,36 +440,43 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
         max_tokens_per_step: c.max_tokens_per_step,
         max_in_flight: c.max_in_flight,
         num_threads: c.num_threads,
-        prefetch_policy: match c.prefetch_policy {
-            PLE_PREFETCH_AUTO => PrefetchPolicy::Auto,
-            PLE_PREFETCH_ALWAYS => PrefetchPolicy::Always,
-            PLE_PREFETCH_NEVER => PrefetchPolicy::Never,
-            v => return invalid!("options.prefetch_policy {v} is not a PLE_PREFETCH_* value"),
+        prefetch_policy: match ple_prefetch_policy_code::from_c(c.prefetch_policy) {
+            Some(p) => p,
+            None => {
+                return invalid!(
+                    "options.prefetch_policy {} is not a PLE_PREFETCH_* value",
+                    c.prefetch_policy
+                );
+            }
         },
         prefetch_min_rows: c.prefetch_min_rows,
-        ring_full_policy: match c.ring_full_policy {
-            PLE_RING_WAIT => RingFullPolicy::Wait,
-            PLE_RING_ERROR => RingFullPolicy::Error,
-            v => return invalid!("options.ring_full_policy {v} is not a PLE_RING_* value"),
+        ring_full_policy: match ple_ring_full_policy_code::from_c(c.ring_full_policy) {
+            Some(p) => p,
+            None => {
+                return invalid!(
+                    "options.ring_full_policy {} is not a PLE_RING_* value",
+                    c.ring_full_policy
+                );
+            }
         },
         wait_timeout_us: c.wait_timeout_us,
         history_window: c.history_window,
         cuda_device: c.cuda_device,
-        wait_mode: match c.wait_mode {
-            PLE_WAIT_AUTO => WaitMode::Auto,
-            PLE_WAIT_HOST => WaitMode::Host,
-            PLE_WAIT_STREAM_OP => WaitMode::StreamOp,
-            PLE_WAIT_SPIN_KERNEL => WaitMode::SpinKernel,
-            v => return invalid!("options.wait_mode {v} is not a PLE_WAIT_* value"),
+        wait_mode: match ple_wait_mode_code::from_c(c.wait_mode) {
+            Some(m) => m,
+            None => {
+                return invalid!(
+                    "options.wait_mode {} is not a PLE_WAIT_* value",
+                    c.wait_mode
+                );
+            }
         },
         config_json_path: path(c.config_json_path, "config_json_path")?,
         checkpoint_dir: path(c.checkpoint_dir, "checkpoint_dir")?,
         cache_bytes: c.cache_bytes,
-        io_mode: match c.io_mode {
-            PLE_IO_AUTO => IoMode::Auto,
-            PLE_IO_MMAP => IoMode::Mmap,
-            PLE_IO_DIRECT => IoMode::Direct,
-            v => return invalid!("options.io_mode {v} is not a PLE_IO_* value"),
+        io_mode: match ple_io_mode_code::from_c(c.io_mode) {
+            Some(m) => m,
+            None => return invalid!("options.io_mode {} is not a PLE_IO_* value", c.io_mode),
         },
         // (range-checked by `validate` below)
         shard: Shard {
@@ -513,9 +505,9 @@ pub fn pack_options_to_c(o: &PackOptions) -> ple_pack_options {
 
 /// Converts and validates `ple_pack_options`.
 pub fn pack_options_from_c(c: &ple_pack_options) -> Result<PackOptions> {
-    if c.buffer_bytes < 4096 || c.buffer_bytes > (1 << 30) {
+    if !(PLE_PACK_BUFFER_BYTES_MIN..=PLE_PACK_BUFFER_BYTES_MAX).contains(&c.buffer_bytes) {
         return invalid!(
-            "options.buffer_bytes {} not in [4096, 1 GiB]",
+            "options.buffer_bytes {} not in [{PLE_PACK_BUFFER_BYTES_MIN}, 1 GiB]",
             c.buffer_bytes
         );
     }
@@ -534,11 +526,7 @@ pub fn pack_options_from_c(c: &ple_pack_options) -> Result<PackOptions> {
 
 /// The `PLE_FORMAT_*` value of a row format.
 pub fn format_code(f: RowFormat) -> ple_format {
-    match f {
-        RowFormat::Nvfp4 => PLE_FORMAT_NVFP4,
-        RowFormat::Fp8 => PLE_FORMAT_FP8,
-        RowFormat::Bf16 => PLE_FORMAT_BF16,
-    }
+    ple_format_code::to_c(f)
 }
 
 /// Copies `s` into a fixed C char array: truncated at a UTF-8 boundary, NUL-terminated.
@@ -587,11 +575,7 @@ pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
             IoMode::Direct => PLE_IO_DIRECT,
             _ => PLE_IO_MMAP,
         },
-        io_backend: match io.backend {
-            None => PLE_IO_BACKEND_MMAP,
-            Some(Backend::IoUring) => PLE_IO_BACKEND_IO_URING,
-            Some(Backend::PreadPool) => PLE_IO_BACKEND_PREAD_POOL,
-        },
+        io_backend: ple_io_backend_code::to_c(io.backend),
         cache_bytes: io.cache_bytes,
         shard_index: i.shard.index,
         shard_count: i.shard.count,
@@ -603,57 +587,10 @@ pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
     c
 }
 
-/// `ple_counters` from the core's counters.
-pub fn counters_to_c(k: &Counters) -> ple_stats {
-    ple_stats {
-        struct_size: std::mem::size_of::<ple_stats>(),
-        prefill_steps: k.prefill_steps,
-        decode_steps: k.decode_steps,
-        prefill_tokens: k.prefill_tokens,
-        decode_tokens: k.decode_tokens,
-        prefill_rows: k.prefill_rows,
-        decode_rows: k.decode_rows,
-        unique_pages: k.unique_pages,
-        pages_prefetched: k.pages_prefetched,
-        prefetch_steps: k.prefetch_steps,
-        major_faults: k.major_faults,
-        minor_faults: k.minor_faults,
-        storage_read_bytes: k.storage_read_bytes,
-        hash_ns: k.hash_ns,
-        prefetch_ns: k.prefetch_ns,
-        gather_ns: k.gather_ns,
-        copy_ns: k.copy_ns,
-        wait_ns: k.wait_ns,
-        prefill_step_ns: k.prefill_step_ns,
-        decode_step_ns: k.decode_step_ns,
-        timeouts: k.timeouts,
-        failed_steps: k.failed_steps,
-        resident_pages: k.resident_pages,
-        table_pages: k.table_pages,
-        mem_available_bytes: k.mem_available_bytes,
-        queue_ns: k.queue_ns,
-        cache_hits: k.cache_hits,
-        cache_misses: k.cache_misses,
-        cache_bytes_used: k.cache_bytes_used,
-        storage_reads: k.storage_reads,
-        ahead_asked: k.ahead_asked,
-        ahead_read: k.ahead_read,
-        ahead_dropped: k.ahead_dropped,
-        ahead_cached: k.ahead_cached,
-        ahead_hits: k.ahead_hits,
-        abandoned_handles: ple_core::step::reaper::abandoned_handles(),
-        reaped_handles: ple_core::step::reaper::reaped_handles(),
-        resident_dropped_bytes: k.resident_dropped_bytes,
-    }
-}
-
 /// Checks and converts the output arguments of `ple_dequant_*`.
 pub fn out_args(dtype: ple_dtype, stride: usize, flags: ple_fuse_flags) -> Result<OutArgs> {
-    let dtype = match dtype {
-        PLE_DTYPE_F32 => Dtype::F32,
-        PLE_DTYPE_F16 => Dtype::F16,
-        PLE_DTYPE_BF16 => Dtype::Bf16,
-        d => return invalid!("out_dtype {d} is not a PLE_DTYPE_* value"),
+    let Some(dtype) = ple_dtype_code::from_c(dtype) else {
+        return invalid!("out_dtype {dtype} is not a PLE_DTYPE_* value");
     };
     if flags & !PLE_FUSE_ACCUMULATE != 0 {
         return invalid!("flags {flags:#x} has bits other than PLE_FUSE_ACCUMULATE");
@@ -696,3 +633,31 @@ pub struct ple_token_batch {
 
 /// Size of the first version of `ple_token_batch` (through `context`).
 pub(crate) const PLE_TOKEN_BATCH_SIZE_V1: usize = std::mem::size_of::<ple_token_batch>();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ple_core::stats::Counters;
+
+    #[test]
+    fn counters_to_c_copies_every_counter_in_order() {
+        // `ple_counters` is `struct_size` then one uint64_t per counter, in the list's order
+        assert_eq!(
+            std::mem::size_of::<ple_stats>(),
+            8 + 8 * Counters::NAMES.len()
+        );
+        let values = std::array::from_fn(|i| 1000 + i as u64);
+        let c = counters_to_c(&Counters::from_values(values));
+        assert_eq!(c.struct_size, std::mem::size_of::<ple_stats>());
+        // SAFETY: `ple_stats` is repr(C): a usize then only u64 fields, so no padding; reading
+        // its bytes after `struct_size` as u64s is in bounds and aligned.
+        let after_size = unsafe {
+            std::slice::from_raw_parts(
+                (&c as *const ple_stats as *const u64).add(1),
+                Counters::NAMES.len(),
+            )
+        };
+        assert_eq!(after_size, &values[..]);
+        assert_eq!(c.ahead_hits, Counters::from_values(values).ahead_hits);
+    }
+}

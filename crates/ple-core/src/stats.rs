@@ -1,8 +1,10 @@
 //! Counters of a handle (rows, pages, faults, bytes read, residency, time per stage; prefill and
 //! decode apart) and the OS probes behind them.
 //!
-//! Every counter is an atomic updated by the worker (or by waiters) and read without locks by
-//! `ple_stats`. Definitions:
+//! The counters are declared once, in `stats/counter_list.rs` (name, doc, and how each
+//! accumulates); [`Stats`], [`Counters`] and the C struct `ple_counters` are generated from it.
+//! Every `sum` counter is an atomic updated by the worker (or by waiters) and read without locks
+//! by `ple_stats`. Definitions:
 //! - **prefill vs decode**: a step is *prefill* when some request's span in it carries more than
 //!   [`DECODE_MAX_SPAN`] (8) tokens; otherwise it is *decode*. So plain decode (1 token per
 //!   request) and speculative verification of up to 8 tokens per request count as decode, and a
@@ -41,41 +43,74 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// A span longer than this makes its step a prefill step (see the module doc).
 pub const DECODE_MAX_SPAN: usize = 8;
 
-/// Cumulative counters of one handle.
-#[derive(Default, Debug)]
-pub struct Stats {
-    pub prefill_steps: AtomicU64,
-    pub decode_steps: AtomicU64,
-    pub prefill_tokens: AtomicU64,
-    pub decode_tokens: AtomicU64,
-    pub prefill_rows: AtomicU64,
-    pub decode_rows: AtomicU64,
-    pub unique_pages: AtomicU64,
-    pub pages_prefetched: AtomicU64,
-    pub prefetch_steps: AtomicU64,
-    pub major_faults: AtomicU64,
-    pub minor_faults: AtomicU64,
-    pub storage_read_bytes: AtomicU64,
-    pub hash_ns: AtomicU64,
-    pub prefetch_ns: AtomicU64,
-    pub gather_ns: AtomicU64,
-    pub queue_ns: AtomicU64,
-    pub copy_ns: AtomicU64,
-    pub wait_ns: AtomicU64,
-    pub prefill_step_ns: AtomicU64,
-    pub decode_step_ns: AtomicU64,
-    pub timeouts: AtomicU64,
-    pub failed_steps: AtomicU64,
-    pub cache_hits: AtomicU64,
-    pub cache_misses: AtomicU64,
-    pub storage_reads: AtomicU64,
-    pub ahead_asked: AtomicU64,
-    pub ahead_read: AtomicU64,
-    pub ahead_dropped: AtomicU64,
-    pub ahead_cached: AtomicU64,
-    pub ahead_hits: AtomicU64,
-    pub resident_dropped_bytes: AtomicU64,
+/// Expands the counter list (`stats/counter_list.rs`) into [`Stats`], [`Counters`],
+/// [`Stats::snapshot`], [`Counters::delta`] and [`Counters::fields`].
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $kind:ident $name:ident $(= $src:path)?,)*) => {
+        counters!(@stats [] $($kind $name,)*);
+
+        /// A snapshot of a handle's counters (see the module doc for the definitions), one field
+        /// per counter of `stats/counter_list.rs`, in the C struct's order.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct Counters {
+            $($(#[doc = $doc])* pub $name: u64,)*
+        }
+
+        impl Stats {
+            /// The counters now (the `demand` ones are 0; the pipeline fills them).
+            pub fn snapshot(&self) -> Counters {
+                Counters { $($name: counters!(@load self $kind $name $($src)?),)* }
+            }
+        }
+
+        impl Counters {
+            /// Every counter's name, in field order.
+            pub const NAMES: [&'static str; [$(stringify!($name)),*].len()] =
+                [$(stringify!($name)),*];
+
+            /// What happened between the snapshots `before` and `self` (taken later): the
+            /// difference of each `sum` and `process` counter (saturating), and `self`'s value of
+            /// each `demand` counter.
+            pub fn delta(&self, before: &Counters) -> Counters {
+                Counters { $($name: counters!(@delta self before $kind $name),)* }
+            }
+
+            /// `(name, value)` of every counter, in field order.
+            pub fn fields(&self) -> [(&'static str, u64); Self::NAMES.len()] {
+                [$((stringify!($name), self.$name)),*]
+            }
+
+            /// The counters with these values, in field order (the inverse of [`Self::fields`]).
+            pub fn from_values(values: [u64; Self::NAMES.len()]) -> Counters {
+                let [$($name),*] = values;
+                Counters { $($name),* }
+            }
+        }
+    };
+    // `Stats` holds an atomic for each `sum` counter only (a tt-muncher, to skip the others).
+    (@stats [$($acc:tt)*]) => {
+        /// Cumulative counters of one handle: an atomic per `sum` counter of
+        /// `stats/counter_list.rs` (each documented on [`Counters`]).
+        #[derive(Default, Debug)]
+        pub struct Stats { $($acc)* }
+    };
+    (@stats [$($acc:tt)*] sum $name:ident, $($rest:tt)*) => {
+        counters!(@stats [$($acc)*
+            #[doc = concat!("See [`Counters::", stringify!($name), "`].")]
+            pub $name: AtomicU64,
+        ] $($rest)*);
+    };
+    (@stats [$($acc:tt)*] $kind:ident $name:ident, $($rest:tt)*) => {
+        counters!(@stats [$($acc)*] $($rest)*);
+    };
+    (@load $s:ident sum $name:ident) => { $s.$name.load(Relaxed) };
+    (@load $s:ident demand $name:ident) => { 0 };
+    (@load $s:ident process $name:ident $src:path) => { $src() };
+    (@delta $b:ident $a:ident demand $name:ident) => { $b.$name };
+    (@delta $b:ident $a:ident $kind:ident $name:ident) => { $b.$name.saturating_sub($a.$name) };
 }
+
+include!("stats/counter_list.rs");
 
 /// What one completed step adds to the counters.
 #[derive(Default, Debug, Clone, Copy)]
@@ -118,12 +153,12 @@ impl IoDelta {
 }
 
 impl Stats {
-    /// Adds a completed step.
     /// Adds bytes the residency cap dropped from the page cache.
     pub fn add_resident_dropped(&self, n: u64) {
         self.resident_dropped_bytes.fetch_add(n, Relaxed);
     }
 
+    /// Adds a completed step.
     pub fn record_step(&self, r: &StepRecord) {
         let (steps, tokens, rows, ns) = if r.prefill {
             (
@@ -162,102 +197,6 @@ impl Stats {
         self.cache_hits.fetch_add(r.cache_hits, Relaxed);
         self.cache_misses.fetch_add(r.cache_misses, Relaxed);
     }
-
-    /// The counters now (the on-demand fields are 0; the pipeline fills them).
-    pub fn snapshot(&self) -> Counters {
-        let g = |a: &AtomicU64| a.load(Relaxed);
-        Counters {
-            prefill_steps: g(&self.prefill_steps),
-            decode_steps: g(&self.decode_steps),
-            prefill_tokens: g(&self.prefill_tokens),
-            decode_tokens: g(&self.decode_tokens),
-            prefill_rows: g(&self.prefill_rows),
-            decode_rows: g(&self.decode_rows),
-            unique_pages: g(&self.unique_pages),
-            pages_prefetched: g(&self.pages_prefetched),
-            prefetch_steps: g(&self.prefetch_steps),
-            major_faults: g(&self.major_faults),
-            minor_faults: g(&self.minor_faults),
-            storage_read_bytes: g(&self.storage_read_bytes),
-            hash_ns: g(&self.hash_ns),
-            prefetch_ns: g(&self.prefetch_ns),
-            gather_ns: g(&self.gather_ns),
-            copy_ns: g(&self.copy_ns),
-            wait_ns: g(&self.wait_ns),
-            prefill_step_ns: g(&self.prefill_step_ns),
-            decode_step_ns: g(&self.decode_step_ns),
-            timeouts: g(&self.timeouts),
-            failed_steps: g(&self.failed_steps),
-            resident_pages: 0,
-            table_pages: 0,
-            mem_available_bytes: 0,
-            queue_ns: g(&self.queue_ns),
-            cache_hits: g(&self.cache_hits),
-            cache_misses: g(&self.cache_misses),
-            cache_bytes_used: 0,
-            storage_reads: g(&self.storage_reads),
-            ahead_asked: g(&self.ahead_asked),
-            ahead_read: g(&self.ahead_read),
-            ahead_dropped: g(&self.ahead_dropped),
-            ahead_cached: g(&self.ahead_cached),
-            ahead_hits: g(&self.ahead_hits),
-            resident_dropped_bytes: g(&self.resident_dropped_bytes),
-        }
-    }
-}
-
-/// A snapshot of a handle's counters (see the module doc for each definition). Times are
-/// nanoseconds, summed over steps; `resident_pages`, `table_pages` and `mem_available_bytes` are
-/// measured when the snapshot is taken.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub prefill_steps: u64,
-    pub decode_steps: u64,
-    pub prefill_tokens: u64,
-    pub decode_tokens: u64,
-    pub prefill_rows: u64,
-    pub decode_rows: u64,
-    pub unique_pages: u64,
-    pub pages_prefetched: u64,
-    pub prefetch_steps: u64,
-    pub major_faults: u64,
-    pub minor_faults: u64,
-    pub storage_read_bytes: u64,
-    pub hash_ns: u64,
-    pub prefetch_ns: u64,
-    pub gather_ns: u64,
-    pub copy_ns: u64,
-    pub wait_ns: u64,
-    pub prefill_step_ns: u64,
-    pub decode_step_ns: u64,
-    pub timeouts: u64,
-    pub failed_steps: u64,
-    pub resident_pages: u64,
-    pub table_pages: u64,
-    pub mem_available_bytes: u64,
-    pub queue_ns: u64,
-    /// Rows of steps copied from the row cache, and rows read from the table on a miss (both 0
-    /// without a cache); `cache_hits + cache_misses` = the rows of the steps gathered with it.
-    pub cache_hits: u64,
-    pub cache_misses: u64,
-    /// Rows held by the cache × bytes per row (row + index and policy overhead), ≤ `cache_bytes`.
-    pub cache_bytes_used: u64,
-    /// Storage requests issued: DIRECT read requests (after merging); MMAP: WILLNEED calls plus
-    /// major faults.
-    pub storage_reads: u64,
-    /// Read-ahead (`Pipeline::prefetch_ahead`): rows asked; read into the cache; dropped (the
-    /// queue's bound, a failed read, the handle closing, or DIRECT without a row cache);
-    /// already cached when their turn came. Once the queue is drained `ahead_asked =
-    /// ahead_read + ahead_dropped + ahead_cached`.
-    pub ahead_asked: u64,
-    pub ahead_read: u64,
-    pub ahead_dropped: u64,
-    pub ahead_cached: u64,
-    /// Step rows found in the row cache that a read-ahead had admitted (part of `cache_hits`).
-    pub ahead_hits: u64,
-    /// MMAP with `resident_bytes_max`: bytes of the table dropped from the page cache to keep
-    /// within the cap.
-    pub resident_dropped_bytes: u64,
 }
 
 impl Counters {
@@ -391,6 +330,59 @@ mod tests {
         let v = vec![1u8; 3 * os_page_size()];
         let (r, t) = residency(&v[..os_page_size()]);
         assert!(r <= t);
+    }
+
+    #[test]
+    fn delta_subtracts_sums_and_keeps_demand_values() {
+        let before = Counters {
+            gather_ns: 5,
+            resident_pages: 7,
+            abandoned_handles: 1,
+            timeouts: 3,
+            ..Default::default()
+        };
+        let after = Counters {
+            gather_ns: 12,
+            resident_pages: 2,
+            abandoned_handles: 4,
+            decode_rows: 9,
+            timeouts: 3,
+            ..Default::default()
+        };
+        let expect = Counters {
+            gather_ns: 7,
+            resident_pages: 2,
+            abandoned_handles: 3,
+            decode_rows: 9,
+            ..Default::default()
+        };
+        assert_eq!(after.delta(&before), expect);
+        // a counter that went down (a reset) saturates at 0 instead of wrapping
+        assert_eq!(before.delta(&after).gather_ns, 0);
+    }
+
+    #[test]
+    fn names_fields_and_values_cover_every_counter_once() {
+        // every field of `Counters` is a u64 counter named in the list
+        assert_eq!(Counters::NAMES.len() * 8, std::mem::size_of::<Counters>());
+        let mut names = Counters::NAMES.to_vec();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Counters::NAMES.len());
+        let values = std::array::from_fn(|i| 100 + i as u64);
+        let c = Counters::from_values(values);
+        assert_eq!(c.prefill_steps, 100);
+        assert_eq!(
+            c.resident_dropped_bytes,
+            100 + Counters::NAMES.len() as u64 - 1
+        );
+        for (i, (name, v)) in c.fields().into_iter().enumerate() {
+            assert_eq!((name, v), (Counters::NAMES[i], values[i]));
+        }
+        // the snapshot reads the process-wide counters
+        let s = Stats::default().snapshot();
+        assert!(s.reaped_handles <= crate::step::reaper::reaped_handles());
+        assert_eq!((s.resident_pages, s.cache_bytes_used), (0, 0));
     }
 
     #[test]

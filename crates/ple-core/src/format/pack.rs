@@ -227,6 +227,11 @@ fn check_existing(out: &Path, meta: &TableMeta, force: bool) -> Result<bool> {
     }
 }
 
+/// Smallest `PackOptions::buffer_bytes`.
+pub const MIN_BUFFER_BYTES: usize = 4096;
+/// Largest `PackOptions::buffer_bytes` (1 GiB).
+pub const MAX_BUFFER_BYTES: usize = 1 << 30;
+
 /// Packs `checkpoint` into `out`. `progress(done, total)` returns false to cancel.
 pub fn pack(
     checkpoint: &Path,
@@ -237,8 +242,8 @@ pub fn pack(
     let t0 = Instant::now();
     non_empty(checkpoint, "checkpoint directory")?;
     non_empty(out, "output directory")?;
-    if opts.buffer_bytes < 4096 {
-        return crate::invalid!("buffer_bytes {} < 4096", opts.buffer_bytes);
+    if opts.buffer_bytes < MIN_BUFFER_BYTES {
+        return crate::invalid!("buffer_bytes {} < {MIN_BUFFER_BYTES}", opts.buffer_bytes);
     }
     let ck = Checkpoint::open(checkpoint)?;
     let meta = shard_meta(ck.table_meta()?, opts.shard)?;

@@ -6,7 +6,17 @@ use std::path::PathBuf;
 
 pub use crate::dequant::gpu::WaitMode;
 
-/// Largest `cache_bytes`.
+/// Largest `max_tokens_per_step`.
+pub const MAX_TOKENS_PER_STEP_MAX: u32 = 1 << 20;
+/// Largest `max_in_flight` (ring slots).
+pub const MAX_IN_FLIGHT_MAX: u32 = 64;
+/// Largest `num_threads`.
+pub const NUM_THREADS_MAX: u32 = 1024;
+/// Smallest `history_window`.
+pub const HISTORY_WINDOW_MIN: u32 = 2;
+/// Largest `history_window`.
+pub const HISTORY_WINDOW_MAX: u32 = 1 << 20;
+/// Largest `cache_bytes` (other than [`CACHE_AUTO`]).
 pub const MAX_CACHE_BYTES: u64 = 1 << 40;
 /// `cache_bytes` default: a row cache of [`AUTO_CACHE_BYTES`] (at most an eighth of the memory
 /// available at open) for handles that run DIRECT, none for MMAP (the page cache serves warm
@@ -142,27 +152,30 @@ impl Default for OpenOptions {
 impl OpenOptions {
     /// Range checks of every field.
     pub fn validate(&self) -> Result<()> {
-        if self.max_tokens_per_step == 0 || self.max_tokens_per_step > 1 << 20 {
+        if !(1..=MAX_TOKENS_PER_STEP_MAX).contains(&self.max_tokens_per_step) {
             return crate::invalid!(
-                "options.max_tokens_per_step {} not in [1, 1048576]",
+                "options.max_tokens_per_step {} not in [1, {MAX_TOKENS_PER_STEP_MAX}]",
                 self.max_tokens_per_step
             );
         }
-        if self.max_in_flight == 0 || self.max_in_flight > 64 {
+        if !(1..=MAX_IN_FLIGHT_MAX).contains(&self.max_in_flight) {
             return crate::invalid!(
-                "options.max_in_flight {} not in [1, 64]",
+                "options.max_in_flight {} not in [1, {MAX_IN_FLIGHT_MAX}]",
                 self.max_in_flight
             );
         }
-        if self.num_threads > 1024 {
-            return crate::invalid!("options.num_threads {} > 1024", self.num_threads);
+        if self.num_threads > NUM_THREADS_MAX {
+            return crate::invalid!(
+                "options.num_threads {} > {NUM_THREADS_MAX}",
+                self.num_threads
+            );
         }
         if self.wait_timeout_us == 0 {
             return crate::invalid!("options.wait_timeout_us is 0");
         }
-        if self.history_window < 2 || self.history_window > 1 << 20 {
+        if !(HISTORY_WINDOW_MIN..=HISTORY_WINDOW_MAX).contains(&self.history_window) {
             return crate::invalid!(
-                "options.history_window {} not in [2, 1048576]",
+                "options.history_window {} not in [{HISTORY_WINDOW_MIN}, {HISTORY_WINDOW_MAX}]",
                 self.history_window
             );
         }
