@@ -26,7 +26,8 @@ def _cc() -> str:
 
 
 def _strip_comments(text: str) -> str:
-    return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
 
 
 def _header_structs(text: str) -> dict[str, list[tuple[str, str]]]:
