@@ -4,7 +4,7 @@
 
 use super::Ctx;
 use super::memory::{evict, evict_rows};
-use super::steps::{Run, accumulate, delta, run_steps, time_gathers};
+use super::steps::{Run, accumulate, run_steps, time_gathers};
 use ple_core::error::{Error, Result};
 use ple_core::io::direct::{DirectReader, ReadReport};
 use ple_core::io::prefetch::PageSet;
@@ -195,7 +195,7 @@ fn baseline_run(
 fn settle(p: &Pipeline, run: &mut Run) -> Result<()> {
     let c0 = p.counters();
     p.run_on_worker(|_, _| ())?;
-    let d = delta(&c0, &p.counters());
+    let d = p.counters().delta(&c0);
     run.read_bytes += d.storage_read_bytes;
     run.storage_reads += d.storage_reads;
     run.pages_prefetched += d.pages_prefetched;

@@ -3,7 +3,6 @@
 use ple_core::error::Result;
 use ple_core::lookup::context::Batch;
 use ple_core::stats;
-use ple_core::stats::Counters;
 use ple_core::step::Pipeline;
 use ple_testkit::corpus::Corpus;
 use serde_json::{Value, json};
@@ -152,20 +151,6 @@ impl Run {
     }
 }
 
-pub(crate) fn delta(a: &Counters, b: &Counters) -> Counters {
-    Counters {
-        unique_pages: b.unique_pages - a.unique_pages,
-        pages_prefetched: b.pages_prefetched - a.pages_prefetched,
-        major_faults: b.major_faults - a.major_faults,
-        minor_faults: b.minor_faults - a.minor_faults,
-        storage_read_bytes: b.storage_read_bytes - a.storage_read_bytes,
-        storage_reads: b.storage_reads - a.storage_reads,
-        prefetch_ns: b.prefetch_ns - a.prefetch_ns,
-        gather_ns: b.gather_ns - a.gather_ns,
-        ..Default::default()
-    }
-}
-
 /// Runs `steps` through `p` (submit → wait → release), timing each step.
 pub(crate) fn run_steps(
     p: &Pipeline,
@@ -189,7 +174,7 @@ pub(crate) fn run_steps(
         p.release_step(*seq)?;
         tokens += st.tokens.len() as u64;
     }
-    let d = delta(&s0, &p.counters());
+    let d = p.counters().delta(&s0);
     Ok(Run {
         shape: shape.into(),
         mode,
