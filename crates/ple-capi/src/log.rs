@@ -10,7 +10,7 @@
 use crate::status::ple_status;
 use crate::types::{PLE_LOG_WARN, ple_log_fn, ple_log_level, ple_log_level_code};
 use std::ffi::{CString, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
@@ -121,9 +121,20 @@ fn callback_set() -> bool {
     HAS_SINK.load(Ordering::Relaxed)
 }
 
+/// The most verbose level the callback takes (a `log::LevelFilter` as usize; set with the sink).
+static SINK_LEVEL: AtomicUsize = AtomicUsize::new(0);
+/// The fallback (stderr) logger's level, fixed at `init` (a `log::LevelFilter` as usize);
+/// `usize::MAX` while libple's logger is not the process's (the host installed its own).
+static FALLBACK_LEVEL: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Whether a record at `level` goes to the callback.
+fn callback_takes(level: log::Level) -> bool {
+    callback_set() && (level as usize) <= SINK_LEVEL.load(Ordering::Relaxed)
+}
+
 impl log::Log for CallbackLogger {
     fn enabled(&self, m: &log::Metadata) -> bool {
-        self.fallback.as_ref().is_some_and(|f| f.enabled(m)) || callback_set()
+        self.fallback.as_ref().is_some_and(|f| f.enabled(m)) || callback_takes(m.level())
     }
     fn log(&self, r: &log::Record) {
         if let Some(f) = &self.fallback {
@@ -131,7 +142,7 @@ impl log::Log for CallbackLogger {
                 f.log(r);
             }
         }
-        if !callback_set() {
+        if !callback_takes(r.level()) {
             return;
         }
         let text = format!("{}: {}", r.target(), r.args());
@@ -163,6 +174,7 @@ pub fn init() {
             fallback: Some(fallback),
         };
         if log::set_boxed_logger(Box::new(logger)).is_ok() {
+            FALLBACK_LEVEL.store(level as usize, Ordering::Relaxed);
             log::set_max_level(level.max(log::LevelFilter::Warn));
         }
     });
@@ -191,8 +203,21 @@ pub fn set_callback(cb: ple_log_fn, user: *mut c_void, max_level: log::LevelFilt
     // drops are reported to the callback that was too slow, not to its successor
     d.dropped.store(0, Ordering::Relaxed);
     drop(st);
-    if cb.is_some() && max_level > log::max_level() {
-        log::set_max_level(max_level);
+    SINK_LEVEL.store(max_level as usize, Ordering::Relaxed);
+    // the global filter passes what either the stderr logger or the callback takes; lowering it
+    // again matters only for speed (`callback_takes` filters each record)
+    let fallback = FALLBACK_LEVEL.load(Ordering::Relaxed);
+    if fallback == usize::MAX {
+        return; // the host's logger: its filter is the host's
+    }
+    let fallback = fallback.max(log::LevelFilter::Warn as usize);
+    let want = if cb.is_some() {
+        fallback.max(max_level as usize)
+    } else {
+        fallback
+    };
+    if let Some(f) = log::LevelFilter::iter().find(|f| *f as usize == want) {
+        log::set_max_level(f);
     }
 }
 

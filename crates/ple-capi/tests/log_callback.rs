@@ -115,3 +115,33 @@ fn a_slow_log_callback_does_not_slow_the_caller() {
         "every message was delivered before removal"
     );
 }
+
+static COUNT_CALLS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn counting_cb(_level: i32, _msg: *const c_char, _user: *mut c_void) {
+    COUNT_CALLS.fetch_add(1, Ordering::SeqCst);
+}
+
+#[test]
+fn registering_again_at_a_lower_level_stops_the_more_verbose_messages() {
+    let _g = LOG_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    let bogus = 0x10usize as *mut ple_handle;
+    let closes_logged = |max_level: i32| {
+        COUNT_CALLS.store(0, Ordering::SeqCst);
+        // SAFETY: a valid callback that is safe from any thread.
+        let s = unsafe { ple_set_log_callback(Some(counting_cb), max_level, std::ptr::null_mut()) };
+        assert_eq!(s, PLE_OK);
+        // SAFETY: not a handle: looked up and ignored, with a debug message.
+        unsafe { ple_close(bogus) };
+        // registering again (as removing) waits until the queued messages are delivered
+        unset_callback();
+        COUNT_CALLS.load(Ordering::SeqCst)
+    };
+    assert_eq!(closes_logged(4), 1, "PLE_LOG_DEBUG takes the debug message");
+    assert_eq!(
+        closes_logged(2),
+        0,
+        "PLE_LOG_WARN after PLE_LOG_DEBUG takes no debug message"
+    );
+    assert_eq!(closes_logged(4), 1, "and PLE_LOG_DEBUG again takes it");
+}
