@@ -16,6 +16,7 @@ pub mod model;
 pub mod shard;
 pub mod stats;
 pub mod step;
+pub mod sync;
 pub mod sys;
 
 pub use error::{Error, ErrorKind, Result};
