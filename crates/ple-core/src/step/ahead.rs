@@ -17,7 +17,7 @@ use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::io::cache::RowCache;
 use crate::io::direct::DirectReader;
-use crate::io::prefetch::{self, UringPrefetcher};
+use crate::io::mmap::advice::{self, UringPrefetcher};
 use crate::sync::{self, lock};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::AtomicUsize;
@@ -156,7 +156,7 @@ impl Shared {
         let t = &self.reader.table;
         match &self.reader.cache {
             Some(c) => c.contains(id),
-            None => prefetch::sample_resident(t.bytes(), &[id], t.row_bytes(), 1),
+            None => advice::sample_resident(t.bytes(), &[id], t.row_bytes(), 1),
         }
     }
 }
@@ -304,7 +304,7 @@ impl super::pipeline::Pipeline {
         let mut ids = vec![0u64; b.tokens.len() * r.heads.len()];
         r.hasher
             .ids_for_heads(b.tokens, &ctx, r.heads.clone(), r.row_base, &mut ids);
-        crate::io::gather::check_ids(&ids, meta.total_rows)?;
+        crate::io::mmap::gather::check_ids(&ids, meta.total_rows)?;
         sh.queue_ahead(&ids)
     }
 

@@ -11,7 +11,7 @@ use super::shared::{WAIT_BUSY_SPIN, WAIT_SPIN, spin_round};
 
 use crate::dequant::cpu::{self as dequant, OutArgs};
 use crate::error::{Error, Result, panic_text};
-use crate::io::gather;
+use crate::io::mmap::gather;
 use crate::stats::{self};
 use std::ffi::c_void;
 use std::panic::AssertUnwindSafe;

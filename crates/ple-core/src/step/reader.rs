@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 use crate::format::table::Table;
 use crate::io::cache::{self, RowCache};
 use crate::io::direct::{Backend, DirectReader};
-use crate::io::gather;
-use crate::io::prefetch::{self, PageSet, PageSetBuilder};
+use crate::io::mmap::advice::{self, PageSet, PageSetBuilder};
+use crate::io::mmap::gather;
 use crate::lookup::hash::Hasher;
 use crate::shard::Shard;
 use crate::stats::{self, Stats, StepRecord};
@@ -53,7 +53,7 @@ pub struct Reader {
     /// read their rows.
     cold: ColdRead,
     /// MMAP with `resident_bytes_max`: the table's residency cap.
-    residency: Option<Mutex<crate::io::residency::ResidencyCap>>,
+    residency: Option<Mutex<crate::io::mmap::residency::ResidencyCap>>,
 }
 
 impl Reader {
@@ -73,7 +73,7 @@ impl Reader {
         let (heads, row_base) = shard_rows(&table, opts.shard)?;
         // MMAP only: DIRECT reads bypass the page cache
         let residency = (opts.resident_bytes_max > 0 && direct.is_none()).then(|| {
-            Mutex::new(crate::io::residency::ResidencyCap::new(
+            Mutex::new(crate::io::mmap::residency::ResidencyCap::new(
                 table.bytes(),
                 opts.resident_bytes_max,
             ))
@@ -250,14 +250,13 @@ impl Reader {
     /// rows are cold (what decides if a [`ColdRead`] may read them past the page cache).
     fn advice_decision(&self, s: &ReadScratch) -> Advice {
         let rb = self.table.row_bytes();
-        let resident = |k: usize| prefetch::sample_resident(self.table.bytes(), &s.ids, rb, k);
+        let resident = |k: usize| advice::sample_resident(self.table.bytes(), &s.ids, rb, k);
         match self.prefetch_policy {
             _ if self.cache.is_some() => Advice::No,
             PrefetchPolicy::Never => Advice::No,
             // every step; only one a cold reader would read needs the sample
             PrefetchPolicy::Always => {
-                if self.cold_read_applies(s.ids.len())
-                    && resident(prefetch::sample_size(s.ids.len()))
+                if self.cold_read_applies(s.ids.len()) && resident(advice::sample_size(s.ids.len()))
                 {
                     Advice::Cached
                 } else {
@@ -269,7 +268,7 @@ impl Reader {
             PrefetchPolicy::Auto
                 if s.ids.len() >= self.prefetch_min_rows as usize
                     && !resident(if s.storage_recently {
-                        prefetch::sample_size(s.ids.len())
+                        advice::sample_size(s.ids.len())
                     } else {
                         1
                     }) =>
@@ -310,8 +309,8 @@ impl Reader {
         check_cancelled(cancelled)?;
         // (the worker thread's faults are counted once per step, after publishing; here only
         // the storage reads the advice started)
-        let issue = |ranges: &[prefetch::PageRange]| {
-            let n = prefetch::prefetch(self.table.file(), self.table.bytes(), ranges)?;
+        let issue = |ranges: &[advice::PageRange]| {
+            let n = advice::willneed(self.table.file(), self.table.bytes(), ranges)?;
             let io = stats::IoDelta {
                 read_bytes: stats::thread_read_bytes_delta(),
                 ..Default::default()
@@ -471,7 +470,7 @@ impl Reader {
             return;
         }
         stats::thread_read_bytes_delta();
-        match prefetch::prefetch(self.table.file(), self.table.bytes(), &s.advice) {
+        match advice::willneed(self.table.file(), self.table.bytes(), &s.advice) {
             Ok(n) => {
                 let st = stats;
                 st.pages_prefetched.fetch_add(n, Ordering::Relaxed);
@@ -547,7 +546,7 @@ pub struct ReadScratch {
     /// DIRECT mode with a row cache: the misses' buffers.
     read_through: cache::ReadThroughScratch,
     /// MMAP: page ranges of rows read directly, to advise WILLNEED when the worker is idle.
-    advice: Vec<prefetch::PageRange>,
+    advice: Vec<advice::PageRange>,
 }
 
 /// Most page ranges waiting to be advised (beyond it the advice is dropped: those rows are read
@@ -573,7 +572,7 @@ pub struct IoInfo {
 /// [`ColdReads`]).
 pub(super) enum ColdRead {
     Direct(Mutex<DirectReader>),
-    Buffered(Mutex<prefetch::UringPrefetcher>),
+    Buffered(Mutex<advice::UringPrefetcher>),
     /// WILLNEED and the gather (also DIRECT mode and PREFETCH_NEVER, which have no use for one).
     None,
 }
@@ -592,7 +591,7 @@ impl ColdRead {
             }
         }
         if opts.cold_reads != ColdReads::Willneed {
-            if let Some(u) = prefetch::UringPrefetcher::open(table.rows_path()) {
+            if let Some(u) = advice::UringPrefetcher::open(table.rows_path()) {
                 return ColdRead::Buffered(Mutex::new(u));
             }
         }

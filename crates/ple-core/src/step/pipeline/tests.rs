@@ -4,7 +4,7 @@
 use super::*;
 use crate::dequant::cpu as dequant;
 use crate::dequant::cpu::{Dtype, OutArgs};
-use crate::io::gather;
+use crate::io::mmap::gather;
 use crate::step::options::PrefetchPolicy;
 use crate::step::options::{IoMode, RingFullPolicy};
 use crate::step::shared::FORCE_SLOT_BY_SEQ;

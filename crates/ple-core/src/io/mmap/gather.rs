@@ -3,8 +3,8 @@
 //! 16 rows start at `t * 16 * row_bytes`. No padding, no other stride.
 
 use crate::error::{Error, Result};
-use crate::io::guard;
-use crate::io::prefetch::{PAGE_SHIFT, PageRange, PageSet};
+use crate::io::mmap::advice::{PAGE_SHIFT, PageRange, PageSet};
+use crate::io::mmap::guard;
 use crate::stats::{IoDelta, measure};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

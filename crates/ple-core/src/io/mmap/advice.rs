@@ -1,5 +1,6 @@
-//! Page sets and WILLNEED prefetch: a batch's row pages (a row can straddle two), deduplicated,
-//! sorted and coalesced, advised WILLNEED before the gather so the SSD sees them at queue depth.
+//! Page advice: a batch's row pages (a row can straddle two), deduplicated, sorted and coalesced
+//! into a page set, advised WILLNEED ([`willneed`]) before the gather so the SSD sees them at
+//! queue depth; residency samples that tell whether a step needs it.
 //!
 //! A step's rows are known before they are read, so the worker computes every row's first and last
 //! 4 KiB page (a row can straddle two), dedupes and sorts them, coalesces neighbours into ranges and
@@ -239,7 +240,7 @@ pub fn sample_resident(map: &[u8], rows: &[u64], row_bytes: usize, k: usize) -> 
 
 /// Issues `posix_fadvise(WILLNEED)` for `ranges` of the file behind `file` (mapped at `map`),
 /// clamped to the file. Returns the pages covered.
-pub fn prefetch(file: &std::fs::File, map: &[u8], ranges: &[PageRange]) -> Result<u64> {
+pub fn willneed(file: &std::fs::File, map: &[u8], ranges: &[PageRange]) -> Result<u64> {
     let len = map.len() as u64;
     let mut pages = 0;
     for r in ranges {
@@ -263,9 +264,9 @@ pub fn prefetch(file: &std::fs::File, map: &[u8], ranges: &[PageRange]) -> Resul
 pub struct UringPrefetcher {
     file: std::fs::File,
     /// Boxed, as in `DirectReader`: the ring's state is large and the prefetcher sits in an enum.
-    ring: Box<crate::io::uring::Ring>,
-    scratch: crate::io::buf::AlignedBuf,
-    reqs: Vec<crate::io::uring::ReadReq>,
+    ring: Box<crate::io::direct::uring::Ring>,
+    scratch: crate::io::direct::buf::AlignedBuf,
+    reqs: Vec<crate::io::direct::uring::ReadReq>,
     res: Vec<i32>,
 }
 
@@ -275,14 +276,14 @@ impl UringPrefetcher {
         let file = std::fs::File::open(path).ok()?;
         crate::sys::fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM).ok()?;
         let ring = Box::new(
-            crate::io::uring::Ring::new(
+            crate::io::direct::uring::Ring::new(
                 file.as_raw_fd(),
                 crate::io::direct::DEPTH,
-                crate::io::uring::RingSetup::default(),
+                crate::io::direct::uring::RingSetup::default(),
             )
             .ok()?,
         );
-        let scratch = crate::io::buf::AlignedBuf::default();
+        let scratch = crate::io::direct::buf::AlignedBuf::default();
         Some(UringPrefetcher {
             file,
             ring,
@@ -304,7 +305,7 @@ impl UringPrefetcher {
         self.reqs.extend(
             ids.iter()
                 .enumerate()
-                .map(|(i, &r)| crate::io::uring::ReadReq {
+                .map(|(i, &r)| crate::io::direct::uring::ReadReq {
                     off: r * rb as u64,
                     buf_off: i * rb,
                     len: rb as u32,
