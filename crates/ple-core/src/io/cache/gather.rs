@@ -3,6 +3,7 @@
 use super::RowCache;
 use crate::error::Result;
 use crate::stats::{IoDelta, measure};
+use crate::sync;
 use std::sync::Mutex;
 
 /// How many rows ahead a batch hints the cache's memory for ([`RowCache::hint`]).
@@ -73,7 +74,7 @@ pub fn gather_cached(
                     let run = &run;
                     s.spawn(move |_| {
                         let (r, d) = measure(false, || run(i, o));
-                        let mut a = acc.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut a = sync::lock(acc);
                         a.0.io.add(d);
                         match r {
                             Ok(hits) => a.0.hits += hits,
@@ -84,7 +85,7 @@ pub fn gather_cached(
                     });
                 }
             });
-            let (a, err) = acc.into_inner().unwrap_or_else(|p| p.into_inner());
+            let (a, err) = sync::into_inner(acc);
             if let Some(e) = err {
                 return Err(e);
             }

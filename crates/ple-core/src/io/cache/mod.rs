@@ -42,6 +42,7 @@
 //! access sequence; S3-FIFO is the default because it measured best (see the README, "Row cache").
 
 use crate::error::{Error, Result};
+use crate::sync;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64, fence};
 use std::sync::{Mutex, MutexGuard};
@@ -503,7 +504,7 @@ impl Shard {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.w.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.w)
     }
 
     /// Makes `seq` odd (the caller holds the lock): lookups started before retry.
