@@ -1,12 +1,15 @@
 //! Lock helpers: the one place a poisoned lock is recovered.
 //!
-//! A `Mutex` is poisoned when a thread panicked while holding it. Every lock in this crate guards
-//! state that stays valid at every point a panic can unwind from: each critical section either
-//! only reads, or makes its change with single stores of whole values (a slot state, a counter,
-//! a `Vec` push or `take`), never leaving a half-updated invariant behind; the code that can
-//! panic (a step's I/O, a caller's closure) runs outside the locks and under `catch_unwind`.
-//! So recovering the guard is safe, and it keeps one panicking call from making the whole
-//! handle unusable (every later call would panic in turn, across the C boundary).
+//! A `Mutex` is poisoned when a thread panicked while holding it. Recovering the guard is sound
+//! here because of an invariant every lock in this crate keeps: the value a lock guards is valid
+//! at every point a panic can unwind from inside its critical section. The sections change it by
+//! whole-value stores (a slot state, a failure record pushed, a join handle taken, a counter
+//! added), so a panic leaves either the old value or the new one, both valid; the long work (a
+//! step's reads, a caller's closure) runs outside the locks and under `catch_unwind`. The few
+//! sections that make several dependent stores (the residency cap's chunk bookkeeping, a row
+//! cache shard's insert or eviction) call nothing that can panic short of a bug in this crate.
+//! Recovering keeps one panicking call from making the whole handle unusable (every later call
+//! would panic in turn at the C boundary).
 
 use std::sync::{Condvar, LockResult, Mutex, MutexGuard, WaitTimeoutResult};
 use std::time::Duration;
