@@ -5,7 +5,7 @@
 //! at every point a panic can unwind from inside its critical section. The sections change it by
 //! whole-value stores (a slot state, a failure record pushed, a join handle taken, a counter
 //! added), so a panic leaves either the old value or the new one, both valid; the long work (a
-//! step's reads, a caller's closure) runs outside the locks and under `catch_unwind`. The few
+//! step's reads, a consumer's dequant) runs outside the locks and under `catch_unwind`. The few
 //! sections that make several dependent stores (the residency cap's chunk bookkeeping, a row
 //! cache shard's insert or eviction) call nothing that can panic short of a bug in this crate.
 //! Recovering keeps one panicking call from making the whole handle unusable (every later call
