@@ -21,16 +21,8 @@ pub mod sys;
 
 pub use error::{Error, ErrorKind, Result};
 
-// The test kit's table generator, compiled into this crate's own unit tests (it names the core as
-// `ple_core`): a dev-dependency on `ple-testkit` would bring a second, incompatible copy of the
-// core's types.
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+// The unit tests name the generator `crate::synth`.
 #[cfg(test)]
-extern crate self as ple_core;
-#[cfg(test)]
-#[path = "../../ple-testkit/src/synth.rs"]
-#[allow(
-    dead_code,
-    unreachable_pub,
-    reason = "the unit tests use only the table generator, privately"
-)]
-mod synth;
+use testkit::synth;
