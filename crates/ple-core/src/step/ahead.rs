@@ -17,7 +17,8 @@ use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::io::cache::RowCache;
 use crate::io::direct::DirectReader;
-use crate::io::mmap::advice::{self, UringPrefetcher};
+use crate::io::mmap::advice;
+use crate::io::mmap::buffered::BufferedReader;
 use crate::sync::{self, lock};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::AtomicUsize;
@@ -164,7 +165,7 @@ impl Shared {
 /// The read-ahead thread's own descriptors.
 enum Source {
     Direct(DirectReader),
-    Buffered(UringPrefetcher),
+    Buffered(BufferedReader),
     Pread,
 }
 
@@ -177,7 +178,7 @@ impl Source {
                 Err(e) => log::info!("read-ahead: buffered reads ({e})"),
             }
         }
-        match UringPrefetcher::open(t.rows_path()) {
+        match BufferedReader::open(t.rows_path()) {
             Some(u) => Source::Buffered(u),
             None => Source::Pread,
         }

@@ -9,6 +9,7 @@ use crate::format::table::Table;
 use crate::io::cache::{self, RowCache};
 use crate::io::direct::{Backend, DirectReader};
 use crate::io::mmap::advice::{self, PageSet, PageSetBuilder};
+use crate::io::mmap::buffered::BufferedReader;
 use crate::io::mmap::gather;
 use crate::lookup::hash::Hasher;
 use crate::shard::Shard;
@@ -245,9 +246,10 @@ impl Reader {
         Ok(())
     }
 
-    /// MMAP: whether the step prefetches (AUTO: at least `prefetch_min_rows` rows, unless a
-    /// residency sample finds their pages cached; never through the row cache), and whether its
-    /// rows are cold (what decides if a [`ColdRead`] may read them past the page cache).
+    /// MMAP: whether the step takes page advice (`PrefetchPolicy`; AUTO: at least
+    /// `prefetch_min_rows` rows, unless a residency sample finds their pages cached; never
+    /// through the row cache), and whether its rows are cold (what decides if a [`ColdRead`] may
+    /// read them past the page cache).
     fn advice_decision(&self, s: &ReadScratch) -> Advice {
         let rb = self.table.row_bytes();
         let resident = |k: usize| advice::sample_resident(self.table.bytes(), &s.ids, rb, k);
@@ -279,7 +281,7 @@ impl Reader {
         }
     }
 
-    /// MMAP mode: the prefetch decision and the gather of `s.ids` (hashed at `t1`) into the
+    /// MMAP mode: the page-advice decision and the gather of `s.ids` (hashed at `t1`) into the
     /// step's slot.
     fn gather_mmap(
         &self,
@@ -291,13 +293,13 @@ impl Reader {
     ) -> Result<StepRecord> {
         let rb = self.table.row_bytes();
 
-        // prefetch decision (AUTO: steps of at least `prefetch_min_rows` rows, decode steps
-        // included, unless a residency sample finds their pages cached) and, when prefetching,
-        // the step's sorted page ranges. Steps that do not prefetch count their distinct pages
-        // after they are published (off the critical path).
+        // page-advice decision (AUTO: steps of at least `prefetch_min_rows` rows, decode steps
+        // included, unless a residency sample finds their pages cached) and, when advising, the
+        // step's sorted page ranges. Steps without advice count their distinct pages after they
+        // are published (off the critical path).
         let decision = self.advice_decision(s);
-        let prefetch = decision != Advice::No;
-        if prefetch {
+        let advise = decision != Advice::No;
+        if advise {
             s.pages_builder.build(&s.ids, rb, &mut s.pages);
             rec.unique_pages = s.pages.len() as u64;
         } else {
@@ -320,13 +322,13 @@ impl Reader {
         let pool = self.pool();
         if let Some(c) = &self.cache {
             // Row cache seam: cached rows are copied from the cache, misses read from the
-            // mapping (and inserted); no prefetch. A direct-read mode replaces the miss path.
+            // mapping (and inserted); no page advice. DIRECT mode replaces the miss path.
             let g = cache::gather_cached(c, self.table.bytes(), &s.ids, staging, Some(pool))?;
             rec.io.add(g.io);
             rec.cache_hits = g.hits;
             rec.cache_misses = g.misses;
             rec.gather_ns = stats::ns(t2.elapsed());
-        } else if prefetch {
+        } else if advise {
             rec.prefetched = true;
             rec.storage_reads = s.pages.ranges.len() as u64;
             if decision == Advice::Cold && self.cold_read(s, staging, &mut rec)? {
@@ -382,7 +384,7 @@ impl Reader {
         Ok(rec)
     }
 
-    /// MMAP: reads a cold prefetching step's rows past the mapping into `staging` when the
+    /// MMAP: reads a cold advised step's rows past the mapping into `staging` when the
     /// handle has a [`ColdRead`] and the step is small enough; false when the step is left to
     /// WILLNEED and the gather.
     fn cold_read(
@@ -541,7 +543,7 @@ pub struct ReadScratch {
     pages: PageSet,
     /// The last step's distinct pages are still to be counted (from `ids`).
     count_pages_later: bool,
-    /// The last step prefetched or took major faults (its rows were not all cached).
+    /// The last step took page advice or major faults (its rows were not all cached).
     storage_recently: bool,
     /// DIRECT mode with a row cache: the misses' buffers.
     read_through: cache::ReadThroughScratch,
@@ -572,7 +574,7 @@ pub struct IoInfo {
 /// [`ColdReads`]).
 pub(super) enum ColdRead {
     Direct(Mutex<DirectReader>),
-    Buffered(Mutex<advice::UringPrefetcher>),
+    Buffered(Mutex<BufferedReader>),
     /// WILLNEED and the gather (also DIRECT mode and PREFETCH_NEVER, which have no use for one).
     None,
 }
@@ -591,7 +593,7 @@ impl ColdRead {
             }
         }
         if opts.cold_reads != ColdReads::Willneed {
-            if let Some(u) = advice::UringPrefetcher::open(table.rows_path()) {
+            if let Some(u) = BufferedReader::open(table.rows_path()) {
                 return ColdRead::Buffered(Mutex::new(u));
             }
         }
