@@ -1,9 +1,11 @@
 //! The libple engine: everything the C library does, in safe Rust with no C types.
 //!
 //! Folders follow the data path (see `docs/ARCHITECTURE.md`):
-//! [`format`] (checkpoint → pack → table), [`lookup`] (hash, request context), [`io`] (prefetch,
-//! gather), [`step`] (the submit → worker → done = seq → wait pipeline), [`dequant`] (CPU and GPU),
-//! and [`stats`]. The C ABI (`ple-capi`) wraps this crate; nothing here knows a status code.
+//! [`format`](mod@format) (checkpoint → pack → table), [`lookup`] (hash, request context), [`io`]
+//! (by mode: MMAP's page advice and gather, DIRECT's reads, the row cache), [`step`] (the
+//! submit → worker → done = seq → wait pipeline), [`dequant`] (CPU and GPU), and [`stats`];
+//! [`sync`] holds the one poisoned-lock recovery. The C ABI (`ple-capi`) wraps this crate;
+//! nothing here knows a status code.
 
 #![warn(unreachable_pub)]
 

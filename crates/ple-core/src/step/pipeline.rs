@@ -450,7 +450,7 @@ impl Pipeline {
 impl Drop for Pipeline {
     /// Stops the worker after the step it is running (queued steps are abandoned) and joins it,
     /// then drops the pool and joins its threads. A worker that does not stop within
-    /// [`reaper::CLOSE_WAIT`] (a read stalled on the device) is joined by a reaper thread instead,
+    /// [`super::reaper::CLOSE_WAIT`] (a read stalled on the device) is joined by a reaper thread instead,
     /// which then frees the rest (see `reaper`): the drop returns within about 30 ms.
     fn drop(&mut self) {
         self.sh.completion.close();

@@ -462,7 +462,7 @@ impl Reader {
     }
 
     /// Called when the caller is idle after steps whose rows were read directly (MMAP,
-    /// [`ColdRead::Direct`]): WILLNEED for their pages, so the page cache warms as a gather
+    /// `ColdRead::Direct`): WILLNEED for their pages, so the page cache warms as a gather
     /// would have left it — off every step's latency, and after the waiter of the last step had
     /// the worker's spin to wake up in (on a small machine the advice would take its CPU). The
     /// storage it reads is counted in the handle's counters directly. A failure only loses the

@@ -37,7 +37,7 @@ impl RowCache {
     /// Looks `ids` up, copying each cached row into its row of `out` (`ids.len() × row_bytes`
     /// bytes at least), and calls `miss(i, row_i_of_out)` for each row `i` not cached, in order
     /// of `i` (a miss's row of `out` may have been written). Returns the hits. Counts nothing
-    /// (the caller [`record`](RowCache::record)s). Hits and misses are those of [`lookup`]
+    /// (the caller [`record`](RowCache::record)s). Hits and misses are those of [`lookup`](RowCache::lookup)
     /// (RowCache::lookup) on each id in turn, except that a row `miss` inserts is not yet seen
     /// by the rest of its group (at most [`GROUP`] − 1 rows later).
     pub fn lookup_batch(
