@@ -1,4 +1,4 @@
-//! Builds the SIGBUS-guarded row copy (`csrc/guard.c`, see `io::guard`).
+//! Builds the SIGBUS-guarded row copy (`csrc/guard.c`, see `io::mmap::guard`).
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/guard.c");

@@ -9,7 +9,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ple_core::io::cache::RowCache;
-use ple_core::io::gather::gather_serial;
+use ple_core::io::mmap::gather::gather_serial;
 use ple_core::model::splitmix64;
 use std::hint::black_box;
 
@@ -133,7 +133,7 @@ fn side_by_side(cache: &RowCache, table: &[u8]) {
                             // row 6 ahead prefetched
                             for (i, (o, &id)) in out.chunks_exact_mut(RB).zip(ids).enumerate() {
                                 if let Some(&next) = ids.get(i + 6) {
-                                    cache.prefetch(next, false);
+                                    cache.hint(next, false);
                                 }
                                 missed += !cache.lookup(black_box(id), o) as u64;
                             }

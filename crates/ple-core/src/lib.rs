@@ -1,9 +1,11 @@
 //! The libple engine: everything the C library does, in safe Rust with no C types.
 //!
 //! Folders follow the data path (see `docs/ARCHITECTURE.md`):
-//! [`format`] (checkpoint → pack → table), [`lookup`] (hash, request context), [`io`] (prefetch,
-//! gather), [`step`] (the submit → worker → done = seq → wait pipeline), [`dequant`] (CPU and GPU),
-//! and [`stats`]. The C ABI (`ple-capi`) wraps this crate; nothing here knows a status code.
+//! [`format`](mod@format) (checkpoint → pack → table), [`lookup`] (hash, request context), [`io`]
+//! (by mode: MMAP's page advice and gather, DIRECT's reads, the row cache), [`step`] (the
+//! submit → worker → done = seq → wait pipeline), [`dequant`] (CPU and GPU), and [`stats`];
+//! [`sync`] holds the one poisoned-lock recovery. The C ABI (`ple-capi`) wraps this crate;
+//! nothing here knows a status code.
 
 #![warn(unreachable_pub)]
 
@@ -16,20 +18,13 @@ pub mod model;
 pub mod shard;
 pub mod stats;
 pub mod step;
+pub mod sync;
 pub mod sys;
 
 pub use error::{Error, ErrorKind, Result};
 
-// The test kit's table generator, compiled into this crate's own unit tests (it names the core as
-// `ple_core`): a dev-dependency on `ple-testkit` would bring a second, incompatible copy of the
-// core's types.
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+// The unit tests name the generator `crate::synth`.
 #[cfg(test)]
-extern crate self as ple_core;
-#[cfg(test)]
-#[path = "../../ple-testkit/src/synth.rs"]
-#[allow(
-    dead_code,
-    unreachable_pub,
-    reason = "the unit tests use only the table generator, privately"
-)]
-mod synth;
+use testkit::synth;

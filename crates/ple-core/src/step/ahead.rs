@@ -13,11 +13,13 @@
 //! the queue holds at most `cap` rows, the oldest dropped beyond it; once the queue is drained,
 //! `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
 
-use super::shared::{Shared, lock};
+use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::io::cache::RowCache;
 use crate::io::direct::DirectReader;
-use crate::io::prefetch::{self, UringPrefetcher};
+use crate::io::mmap::advice;
+use crate::io::mmap::buffered::BufferedReader;
+use crate::sync::{self, lock};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -86,7 +88,7 @@ impl Shared {
     pub(super) fn queue_ahead(self: &Arc<Self>, ids: &[u64]) -> Result<()> {
         let st = &self.stats;
         let n = ids.len() as u64;
-        if self.direct.is_some() && self.cache.is_none() {
+        if self.reader.direct.is_some() && self.reader.cache.is_none() {
             st.ahead_asked.fetch_add(n, Relaxed);
             st.ahead_dropped.fetch_add(n, Relaxed);
             return Ok(());
@@ -128,7 +130,7 @@ impl Shared {
     /// and the cache still holds (they are about to be hits) as `ahead_hits`, and forgets
     /// their marks. Costs nothing while no mark is held.
     pub(super) fn count_ahead_hits(&self, ids: &[u64]) {
-        let (Some(c), a) = (&self.cache, &self.ahead) else {
+        let (Some(c), a) = (&self.reader.cache, &self.ahead) else {
             return;
         };
         if a.marks_len.load(Relaxed) == 0 {
@@ -146,51 +148,53 @@ impl Shared {
 
     /// Whether a step was submitted and is not yet done.
     fn step_pending(&self) -> bool {
-        self.submitted.load(Acquire) > self.done.load(Acquire)
+        self.submitted.load(Acquire) > self.completion.done()
     }
 
     /// Whether row `id` is in the tier read-ahead fills (the row cache; else the page cache,
     /// the page of the row's first byte).
     fn ahead_cached(&self, id: u64) -> bool {
-        match &self.cache {
+        let t = &self.reader.table;
+        match &self.reader.cache {
             Some(c) => c.contains(id),
-            None => prefetch::sample_resident(self.table.bytes(), &[id], self.table.row_bytes(), 1),
+            None => advice::sample_resident(t.bytes(), &[id], t.row_bytes(), 1),
         }
     }
 }
 
-/// The reader's own descriptors.
-enum Reader {
+/// The read-ahead thread's own descriptors.
+enum Source {
     Direct(DirectReader),
-    Buffered(UringPrefetcher),
+    Buffered(BufferedReader),
     Pread,
 }
 
-impl Reader {
-    fn open(sh: &Shared) -> Reader {
-        let t = &sh.table;
-        if sh.direct.is_some() {
+impl Source {
+    fn open(sh: &Shared) -> Source {
+        let t = &sh.reader.table;
+        if sh.reader.direct.is_some() {
             match DirectReader::open(t.rows_path(), t.row_bytes(), sh.opts.force_pread) {
-                Ok(d) => return Reader::Direct(d),
+                Ok(d) => return Source::Direct(d),
                 Err(e) => log::info!("read-ahead: buffered reads ({e})"),
             }
         }
-        match UringPrefetcher::open(t.rows_path()) {
-            Some(u) => Reader::Buffered(u),
-            None => Reader::Pread,
+        match BufferedReader::open(t.rows_path()) {
+            Some(u) => Source::Buffered(u),
+            None => Source::Pread,
         }
     }
 
     /// Reads rows `ids` into `out` (row `i` at `out[i * rb..]`).
     fn read(&mut self, sh: &Shared, ids: &[u64], out: &mut [u8]) -> Result<()> {
-        let rb = sh.table.row_bytes();
+        let rb = sh.reader.table.row_bytes();
         match self {
-            Reader::Direct(d) => d.read_rows(ids, out).map(|_| ()),
-            Reader::Buffered(u) => u.read_rows(ids, rb, out).map(|_| ()),
-            Reader::Pread => {
+            Source::Direct(d) => d.read_rows(ids, out).map(|_| ()),
+            Source::Buffered(u) => u.read_rows(ids, rb, out).map(|_| ()),
+            Source::Pread => {
                 use std::os::unix::fs::FileExt;
                 for (&id, o) in ids.iter().zip(out.chunks_exact_mut(rb)) {
-                    sh.table
+                    sh.reader
+                        .table
                         .file()
                         .read_exact_at(o, id * rb as u64)
                         .map_err(|e| Error::io(format!("reading row {id} ahead"), e))?;
@@ -213,8 +217,8 @@ fn lower_priority() {
 
 fn ahead_main(sh: Arc<Shared>) {
     lower_priority();
-    let rb = sh.table.row_bytes();
-    let mut reader = Reader::open(&sh);
+    let rb = sh.reader.table.row_bytes();
+    let mut source = Source::open(&sh);
     let mut batch: Vec<u64> = Vec::with_capacity(AHEAD_BATCH_ROWS);
     let mut misses: Vec<u64> = Vec::with_capacity(AHEAD_BATCH_ROWS);
     let mut buf = vec![0u8; AHEAD_BATCH_ROWS * rb];
@@ -222,13 +226,13 @@ fn ahead_main(sh: Arc<Shared>) {
     let a = &sh.ahead;
     loop {
         // submitted steps first
-        while sh.step_pending() && !sh.closing.load(Relaxed) {
+        while sh.step_pending() && !sh.completion.closing() {
             std::thread::sleep(STEP_POLL);
         }
         {
             let mut q = lock(&a.q);
             loop {
-                if q.stop || sh.closing.load(Relaxed) {
+                if q.stop || sh.completion.closing() {
                     st.ahead_dropped.fetch_add(q.rows.len() as u64, Relaxed);
                     q.rows.clear();
                     return;
@@ -236,10 +240,7 @@ fn ahead_main(sh: Arc<Shared>) {
                 if !q.rows.is_empty() {
                     break;
                 }
-                q =
-                    a.cv.wait_timeout(q, Duration::from_millis(100))
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                q = sync::wait_timeout(&a.cv, q, Duration::from_millis(100)).0;
             }
             if sh.step_pending() {
                 continue; // (woken while a step waits: the step first)
@@ -261,9 +262,9 @@ fn ahead_main(sh: Arc<Shared>) {
             continue;
         }
         let out = &mut buf[..misses.len() * rb];
-        match reader.read(&sh, &misses, out) {
+        match source.read(&sh, &misses, out) {
             Ok(()) => {
-                if let Some(c) = &sh.cache {
+                if let Some(c) = &sh.reader.cache {
                     let mut m = lock(&a.marks);
                     if m.len() + misses.len() > a.cap {
                         m.clear();
@@ -275,8 +276,9 @@ fn ahead_main(sh: Arc<Shared>) {
                     a.marks_len.store(m.len(), Relaxed);
                 }
                 st.ahead_read.fetch_add(misses.len() as u64, Relaxed);
-                if sh.cache.is_none() {
-                    sh.keep_resident_within_cap(&misses); // read into the page cache
+                if sh.reader.cache.is_none() {
+                    // read into the page cache
+                    sh.reader.keep_resident_within_cap(&misses, &sh.stats);
                 }
             }
             Err(e) => {
@@ -294,15 +296,16 @@ impl super::pipeline::Pipeline {
     /// slot is taken. Not bounded by `max_tokens_per_step` (a whole prompt may be asked at once).
     pub fn prefetch_ahead(&self, b: &crate::lookup::context::Batch) -> Result<()> {
         let sh = &self.sh;
-        if sh.closing.load(Relaxed) {
+        if sh.completion.closing() {
             return Err(Error::State("the handle is closing".into()));
         }
-        let meta = sh.table.meta();
+        let r = &sh.reader;
+        let meta = r.table.meta();
         let ctx = self.checked_contexts(b, u32::MAX, false)?;
-        let mut ids = vec![0u64; b.tokens.len() * sh.heads.len()];
-        sh.hasher
-            .ids_for_heads(b.tokens, &ctx, sh.heads.clone(), sh.row_base, &mut ids);
-        crate::io::gather::check_ids(&ids, meta.total_rows)?;
+        let mut ids = vec![0u64; b.tokens.len() * r.heads.len()];
+        r.hasher
+            .ids_for_heads(b.tokens, &ctx, r.heads.clone(), r.row_base, &mut ids);
+        crate::io::mmap::gather::check_ids(&ids, meta.total_rows)?;
         sh.queue_ahead(&ids)
     }
 

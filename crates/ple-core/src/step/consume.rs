@@ -1,12 +1,17 @@
-//! Consuming steps: waits, host views of the rows, `dequant_cpu`, `dequant_fuse`, releases.
+//! The consumer side of [`Pipeline`]: waits, host views of the rows, `dequant_cpu`,
+//! `dequant_fuse`, releases, and the CUDA Graph and device-error entry points (`ple_graph_*`,
+//! `ple_check_device`; a handle opened with `cuda_device = -1` has no GPU side and these return
+//! `Error::CudaUnavailable`). Every slot change goes through the ring's [`Completion`].
+//!
+//! [`Completion`]: super::ring::Completion
 
 use super::pipeline::Pipeline;
-use super::ring::*;
-use super::shared::*;
+use super::ring::{Parked, StepStatus};
+use super::shared::{WAIT_BUSY_SPIN, WAIT_SPIN, spin_round};
 
 use crate::dequant::cpu::{self as dequant, OutArgs};
 use crate::error::{Error, Result, panic_text};
-use crate::io::gather;
+use crate::io::mmap::gather;
 use crate::stats::{self};
 use std::ffi::c_void;
 use std::panic::AssertUnwindSafe;
@@ -24,7 +29,7 @@ impl Pipeline {
             Some(StepStatus::Failed(e)) => return Err(e),
             Some(StepStatus::Ready { .. }) => return Ok(()),
             // (GPU mode: a dequant_fuse may claim a step before it is complete)
-            Some(StepStatus::Consuming) if sh.done.load(Ordering::Acquire) >= seq => return Ok(()),
+            Some(StepStatus::Consuming) if sh.completion.done() >= seq => return Ok(()),
             Some(StepStatus::Consuming) => usize::MAX,
             Some(StepStatus::Pending { rows }) => rows as usize,
         };
@@ -42,21 +47,16 @@ impl Pipeline {
             t => Some(t),
         };
         let deadline = timeout.and_then(|t| t0.checked_add(Duration::from_micros(t)));
+        let c = &sh.completion;
         let mut i = 0u32;
-        while sh.done.load(Ordering::Acquire) < seq {
+        while c.done() < seq {
             i += 1;
             if i % 16 == 0 && t0.elapsed() >= spin {
                 break;
             }
             spin_round(t0, i, WAIT_BUSY_SPIN);
         }
-        let mut parked = Parked::Ready;
-        if sh.done.load(Ordering::Acquire) < seq {
-            let ring = lock(&sh.ring);
-            parked = sh
-                .park(ring, deadline, |_| sh.done.load(Ordering::Acquire) >= seq)
-                .1;
-        }
+        let parked = c.park_until_done(seq, deadline);
         sh.stats
             .wait_ns
             .fetch_add(stats::ns(t0.elapsed()), Ordering::Relaxed);
@@ -70,11 +70,11 @@ impl Pipeline {
             return Err(Error::Timeout(format!(
                 "step {seq} not complete after {} µs (done = {})",
                 timeout.unwrap_or(u64::MAX),
-                sh.done.load(Ordering::Acquire)
+                c.done()
             )));
         }
         // (`done >= seq` was read with Acquire: a failure of this step is visible here)
-        if seq > sh.last_failed.load(Ordering::Acquire) {
+        if seq > c.last_failed() {
             return Ok(());
         }
         match self.status_for_wait(seq)? {
@@ -92,22 +92,18 @@ impl Pipeline {
         match self.status_for_wait(seq)? {
             Some(StepStatus::Failed(e)) => Err(e),
             None | Some(StepStatus::Ready { .. }) => Ok(()),
-            _ if sh.done.load(Ordering::Acquire) >= seq => Ok(()),
+            _ if sh.completion.done() >= seq => Ok(()),
             _ => Err(Error::Timeout(format!(
                 "step {seq} is not complete (polled; done = {})",
-                sh.done.load(Ordering::Acquire)
+                sh.completion.done()
             ))),
         }
     }
 
     /// What `wait` needs to know of `seq`: None for a step that was submitted and has left the
     /// ring (consumed or released; still its error if a failure record is left), else its status.
-    pub(super) fn status_for_wait(&self, seq: u64) -> Result<Option<StepStatus>> {
-        let mut ring = lock(&self.sh.ring);
-        match self.sh.status(&mut ring, seq) {
-            Err(_) if ring.left_ring(seq) => Ok(None),
-            r => r.map(Some),
-        }
+    fn status_for_wait(&self, seq: u64) -> Result<Option<StepStatus>> {
+        self.sh.completion.status_for_wait(seq)
     }
 
     /// Waits for step `seq` and returns its rows `[tokens][heads][row_bytes]` (pointer, tokens):
@@ -115,7 +111,7 @@ impl Pipeline {
     /// table) in head order. The pointer stays valid until the step is consumed.
     pub fn packed_rows(&self, seq: u64) -> Result<(*const u8, u32)> {
         self.wait(seq, 0)?;
-        match self.sh.status(&mut lock(&self.sh.ring), seq)? {
+        match self.sh.completion.status(seq)? {
             StepStatus::Ready { slot, tokens } => {
                 // SAFETY: the slot is Ready: its rows are complete and stay until consumed.
                 Ok((unsafe { self.sh.staging(slot) }.as_ptr(), tokens))
@@ -137,65 +133,22 @@ impl Pipeline {
     ) -> Result<R> {
         let sh = &*self.sh;
         let waited = self.wait(seq, 0);
-        let mut ring = lock(&sh.ring);
-        if let Some(i) = ring.failed.iter().position(|(s, _)| *s == seq) {
-            let (_, e) = ring.failed.remove(i).expect("index from position");
-            return Err(e);
-        }
-        waited?;
-        let (slot, tokens) = match sh.status(&mut ring, seq)? {
-            StepStatus::Ready { slot, tokens } => (slot, tokens),
-            StepStatus::Consuming => {
-                return Err(Error::State(format!(
-                    "step {seq} is already being consumed by another call"
-                )));
-            }
-            StepStatus::Failed(e) => return Err(e),
-            StepStatus::Pending { .. } => {
-                return Err(Error::State(format!("step {seq} is not complete")));
-            }
-        };
-        ring.slots[slot] = SlotState::Consuming { seq, tokens };
-        drop(ring);
+        let (slot, tokens) = sh.completion.claim(seq, waited)?;
         // SAFETY: the slot is Consuming, held by this call: nobody writes it until freed below.
         let rows = unsafe { sh.staging(slot) };
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| f(rows, tokens as usize)))
             .map_err(|p| Error::Panic(panic_text(&*p)))
             .and_then(|r| r);
-        if r.is_ok() {
-            sh.free_slot(slot);
-        } else {
-            // a step is consumed only by a call that succeeds: it stays Ready for a retry
-            lock(&sh.ring).slots[slot] = SlotState::Ready { seq, tokens };
-            sh.notify();
-        }
+        // a step is consumed only by a call that succeeds: else it stays Ready for a retry
+        sh.completion.end_claim(seq, slot, tokens, r.is_ok());
         r
     }
 
     /// Releases step `seq`'s slot without dequantising (waits for the step first). Releasing a
     /// failed step forgets its error and succeeds.
     pub fn release_step(&self, seq: u64) -> Result<()> {
-        let sh = &*self.sh;
         let waited = self.wait(seq, 0);
-        let mut ring = lock(&sh.ring);
-        if let Some(i) = ring.failed.iter().position(|(s, _)| *s == seq) {
-            ring.failed.remove(i);
-            return Ok(());
-        }
-        waited?;
-        match ring.status(seq)? {
-            StepStatus::Ready { slot, .. } => {
-                ring.slots[slot] = SlotState::Free;
-                drop(ring);
-                sh.notify();
-                Ok(())
-            }
-            StepStatus::Consuming => Err(Error::State(format!(
-                "step {seq} is being consumed by a dequant call"
-            ))),
-            StepStatus::Failed(e) => Err(e),
-            StepStatus::Pending { .. } => Err(Error::State(format!("step {seq} is not complete"))),
-        }
+        self.sh.completion.release(seq, waited)
     }
 
     /// Waits for step `seq`, dequantises its rows into `out` (`[tokens]` × 2560 of `dtype`,
@@ -208,7 +161,7 @@ impl Pipeline {
     /// `dtype` and not be used by anyone else during the call.
     pub unsafe fn dequant_cpu(&self, seq: u64, out: *mut u8, args: OutArgs) -> Result<()> {
         args.check_ptr(out as usize)?;
-        let t = &self.sh.table;
+        let t = &self.sh.reader.table;
         self.consume(seq, |rows, tokens| {
             // SAFETY: the caller guarantees `out` (see above).
             unsafe {
@@ -217,10 +170,10 @@ impl Pipeline {
                     t.global_scale(),
                     rows,
                     tokens,
-                    self.sh.heads.clone(),
+                    self.sh.reader.heads.clone(),
                     out,
                     args,
-                    Some(self.sh.pool()),
+                    Some(self.sh.reader.pool()),
                 )
             }
         })
@@ -244,58 +197,50 @@ impl Pipeline {
         let g = self.gpu()?;
         let slot = g.slot_of(seq);
         // Claim the step (Pending or Ready → Consuming) so no other call consumes it meanwhile.
-        let tokens = {
-            let mut ring = lock(&sh.ring);
-            if let Some(i) = ring.failed.iter().position(|(s, _)| *s == seq) {
-                let (_, e) = ring.failed.remove(i).expect("index from position");
-                return Err(e);
-            }
-            match sh.status(&mut ring, seq)? {
-                StepStatus::Failed(e) => return Err(e),
-                StepStatus::Consuming => {
-                    return Err(Error::State(format!(
-                        "step {seq} is already being consumed by another call"
-                    )));
-                }
-                StepStatus::Pending { .. } | StepStatus::Ready { .. } => {}
-            }
-            let tokens = match ring.slots[slot] {
-                SlotState::Pending { seq: s, tokens } | SlotState::Ready { seq: s, tokens }
-                    if s == seq =>
-                {
-                    tokens
-                }
-                st => {
-                    return Err(Error::State(format!(
-                        "step {seq} is not in ring slot {slot} (seq % {}): {st:?}",
-                        g.slots()
-                    )));
-                }
-            };
-            ring.slots[slot] = SlotState::Consuming { seq, tokens };
-            tokens
-        };
+        let tokens = sh.completion.claim_early(seq, slot)?;
         let r = g.fuse(stream, slot, seq, tokens, out, args, &|| self.wait(seq, 0));
-        let mut ring = lock(&sh.ring);
-        if ring.slots[slot] == (SlotState::Consuming { seq, tokens }) {
-            ring.slots[slot] = match &r {
-                // consumed: the GPU side keeps the kernel's event until the slot is reused
-                Ok(()) => SlotState::Free,
-                // not enqueued: the step stays available
-                Err(_) if sh.done.load(Ordering::Acquire) >= seq => {
-                    SlotState::Ready { seq, tokens }
-                }
-                Err(_) => SlotState::Pending { seq, tokens },
-            };
-        }
-        if r.is_err() {
-            // the step's own failure (host wait) is reported now and released, as in dequant_cpu
-            if let Some(i) = ring.failed.iter().position(|(s, _)| *s == seq) {
-                ring.failed.remove(i);
-            }
-        }
-        drop(ring);
-        sh.notify();
+        // consumed once enqueued: the GPU side keeps the kernel's event until the slot is
+        // reused; not enqueued: the step stays available, and its own failure (host wait) is
+        // reported now and released, as in dequant_cpu
+        sh.completion.end_claim(seq, slot, tokens, r.is_ok());
         r
+    }
+
+    /// `ple_graph_prepare`: CUDA Graph mode from step `base_seq` on. From then on a Ready step
+    /// `s >= base_seq` counts as consumed (its ring slot free) once a replay consumed it
+    /// (`GpuSide::consumed_seq() >= s`). Ready steps replays consumed under an earlier base are
+    /// freed first; a refused prepare (capturing stream, a base already consumed) changes
+    /// nothing.
+    pub fn graph_prepare(&self, stream: *mut c_void, base_seq: u64) -> Result<()> {
+        let g = self.gpu()?;
+        self.rebase_graph(base_seq, || g.graph_prepare(stream, base_seq))
+    }
+
+    /// Enters CUDA Graph mode from step `base_seq` on (see [`Completion::rebase_graph`]):
+    /// `prepare` is the GPU side's re-base, which may refuse (then nothing changes).
+    ///
+    /// [`Completion::rebase_graph`]: super::ring::Completion::rebase_graph
+    pub(crate) fn rebase_graph(
+        &self,
+        base_seq: u64,
+        prepare: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.sh.completion.rebase_graph(base_seq, prepare)
+    }
+
+    /// `ple_dequant_fuse_graph`: enqueue wait + dequant + advance for graph capture.
+    pub fn dequant_fuse_graph(
+        &self,
+        stream: *mut c_void,
+        capacity_tokens: u32,
+        out: u64,
+        args: crate::dequant::cpu::OutArgs,
+    ) -> Result<()> {
+        self.gpu()?.fuse_graph(stream, capacity_tokens, out, args)
+    }
+
+    /// `ple_check_device`: the first device-side error since the last check, if any (cleared).
+    pub fn check_device(&self) -> Result<()> {
+        self.gpu()?.device_error().map_or(Ok(()), Err)
     }
 }

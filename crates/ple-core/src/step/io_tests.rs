@@ -400,5 +400,4 @@ fn direct_cold_reads_warm_the_page_cache_afterwards() {
 }
 
 // Read-ahead (`ahead.rs`).
-#[path = "tests_ahead.rs"]
 mod ahead;

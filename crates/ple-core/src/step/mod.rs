@@ -1,15 +1,23 @@
 //! The step pipeline: submit → worker (hash, prefetch, gather, upload) → `done = seq` → wait.
 //!
-//! [`pipeline`] (open, submit, the handle's API) · `consume` (waits, host views, dequant) ·
-//! `ring` (slots and step status) · `shared` (what all threads share: park, publish, free) ·
-//! `worker` (the worker thread) · `gpu` (graph and device entry points) · [`options`].
+//! Two types with interfaces, and the loop between them:
+//! - `ring`: `Completion`, the slot ring's protocol (acquire, publish, park, claim, free, cancel,
+//!   graph reclaim); no I/O, no step data.
+//! - [`reader`]: [`Reader`], the read engine (table, hasher, pool, row cache, direct and cold
+//!   reads) behind one `read_step`; usable without the worker.
+//! - `worker`: the worker thread, reading each step with the `Reader` and publishing it through
+//!   the `Completion`.
+//!
+//! [`pipeline`] is the handle (open, submit, close: the producer side); `consume` its consumer
+//! side (waits, host views, dequant, graph entry points); `shared` what all threads share;
+//! `ahead` read ahead; [`options`].
 
 mod ahead;
 mod consume;
-mod gpu;
 mod headroom;
 pub mod options;
 pub mod pipeline;
+pub mod reader;
 pub mod reaper;
 mod ring;
 mod shared;
@@ -17,7 +25,7 @@ mod worker;
 
 pub use options::{ColdReads, IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
 pub use pipeline::Pipeline;
-pub use shared::IoInfo;
+pub use reader::{IoInfo, ReadScratch, Reader};
 
 #[cfg(test)]
 mod io_tests;

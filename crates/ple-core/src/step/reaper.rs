@@ -9,6 +9,7 @@
 //! joins its threads, then drops the last reference. Closing returns after at most `CLOSE_WAIT`
 //! plus the time to spawn the reaper.
 
+use crate::sync;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -58,7 +59,7 @@ pub(super) fn hand_over(finish: impl FnOnce() + Send + 'static) {
     let run = {
         let job = job.clone();
         move || {
-            if let Some(f) = job.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some(f) = sync::lock(&job).take() {
                 f();
                 REAPED.fetch_add(1, Ordering::Relaxed);
             }
@@ -69,7 +70,7 @@ pub(super) fn hand_over(finish: impl FnOnce() + Send + 'static) {
         .spawn(run);
     if spawned.is_err() {
         log::warn!("no reaper thread could be started: the close waits for the worker");
-        if let Some(f) = job.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(f) = sync::lock(&job).take() {
             f();
             REAPED.fetch_add(1, Ordering::Relaxed);
         }

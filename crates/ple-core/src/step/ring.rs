@@ -1,10 +1,24 @@
-//! The ring of staging slots: slot states, step status lookups, failure records (see
-//! [`SlotState`] for the protocol).
+//! The completion protocol of the step ring: [`Completion`] owns the ring of slots and the
+//! `done` word, and moves slots through their states (see [`SlotState`]): a submit acquires a
+//! slot (parking or failing while none is free), the worker publishes the step, a consumer
+//! claims and frees it, a cancelled submit gives it back, and CUDA Graph replays free what they
+//! consumed. No I/O and no step data here: slots are indices, steps are seqs.
 
-use super::shared::*;
 use crate::error::{Error, Result};
-use std::cell::UnsafeCell;
+use crate::stats::{self, Stats};
+use crate::step::options::RingFullPolicy;
+use crate::sync::{self, lock};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Failed steps remembered for their waiters (oldest forgotten first).
+pub(super) const MAX_FAILED_RECORDS: usize = 64;
+/// Ranges of skipped (never submitted) seqs remembered, so `wait` tells them from consumed steps.
+pub(super) const MAX_SKIPPED_RANGES: usize = 1024;
+/// With graph replays that free slots, how often a parked submitter re-checks for them.
+pub(super) const GRAPH_POLL: Duration = Duration::from_micros(200);
 
 /// State of one ring slot. A slot goes Free → Pending (submit) → Ready (worker published) →
 /// [Consuming (dequant running)] → Free (consumed). A failed step goes Pending → Free at once and
@@ -13,7 +27,7 @@ use std::collections::VecDeque;
 /// GPU mode only: `dequant_fuse` may claim a step that is still Pending (device waits enqueue
 /// before the step is complete): Pending → Consuming, and the worker's publish then leaves the
 /// slot alone (the step stays claimed; a slot already freed or reused is never touched). A Ready
-/// step a CUDA Graph replay consumed counts as Free (`Shared::reclaim_graph_consumed`).
+/// step a CUDA Graph replay consumed counts as Free (`Completion::reclaim_graph_consumed`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum SlotState {
     Free,
@@ -46,6 +60,7 @@ pub(super) struct Ring {
 }
 
 /// What is known about a seq.
+#[derive(Debug)]
 pub(super) enum StepStatus {
     Pending { rows: u32 },
     Ready { slot: usize, tokens: u32 },
@@ -89,6 +104,12 @@ impl Ring {
             }
         }
         self.last_seq = seq;
+    }
+
+    /// Takes the failure record of `seq`, if there is one.
+    fn take_failure(&mut self, seq: u64) -> Option<Error> {
+        let i = self.failed.iter().position(|(s, _)| *s == seq)?;
+        self.failed.remove(i).map(|(_, e)| e)
     }
 
     pub(super) fn status(&self, seq: u64) -> Result<StepStatus> {
@@ -143,21 +164,464 @@ pub(super) fn clone_error(e: &Error) -> Error {
     }
 }
 
-/// A slot's staging buffer `[max_tokens][16][row_bytes]`.
-///
-/// Access protocol (why the `UnsafeCell` is sound): the worker writes a slot's buffer only while
-/// the slot is `Pending` with the worker's job; everyone else reads it only while it is `Ready` or
-/// `Consuming`. Transitions happen under the ring mutex, and `done` is published with Release
-/// after the writes, so readers see complete rows. A slot is never made `Pending` again before it
-/// was consumed (set `Free`).
-pub(super) struct Staging(pub(super) UnsafeCell<Vec<u8>>);
-// SAFETY: see the access protocol above.
-unsafe impl Sync for Staging {}
-
-/// Why [`Shared::park`] returned.
+/// Why [`Completion::park`] returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Parked {
     Ready,
     TimedOut,
     Closing,
 }
+
+/// Reads the last step a CUDA Graph replay consumed (the GPU side's control word).
+pub(super) type Replays = Box<dyn Fn() -> u64 + Send + Sync>;
+
+/// The ring's completion protocol: slot states, `done`, failure records, parking.
+///
+/// Invariants: steps complete in submission order, so `done` (the highest seq published) only
+/// grows; `last_failed` is stored before the `done` of its step, so a waiter that sees
+/// `done >= seq > last_failed` knows its step succeeded without taking the lock; every slot
+/// transition happens under the ring's lock and wakes parked threads (`notify`).
+pub(super) struct Completion {
+    ring: Mutex<Ring>,
+    /// Signalled when a step is published or a slot freed (only while `waiters > 0`).
+    cv: Condvar,
+    waiters: AtomicUsize,
+    /// Highest seq published.
+    done: AtomicU64,
+    /// Highest seq that failed (0: none), stored before its `done`.
+    last_failed: AtomicU64,
+    closing: AtomicBool,
+    /// Step `seq` goes in slot `seq % slots` (GPU handles: the device kernels find it that way);
+    /// else in the next Free slot in ring order.
+    slot_by_seq: bool,
+    /// First step of CUDA Graph mode (0: not prepared). A Ready step `s >= graph_base` counts
+    /// as consumed once `replays() >= s` (a graph replay consumed it).
+    graph_base: AtomicU64,
+    replays: Option<Replays>,
+    /// Replays free slots without signalling: parked submitters poll every `GRAPH_POLL`.
+    poll_replays: bool,
+}
+
+impl Completion {
+    /// A ring of `slots` Free slots. `replays` reads how far CUDA Graph replays consumed (None:
+    /// no graph mode); with `poll_replays` parked threads look again every `GRAPH_POLL`.
+    pub(super) fn new(
+        slots: usize,
+        slot_by_seq: bool,
+        replays: Option<Replays>,
+        poll_replays: bool,
+    ) -> Completion {
+        Completion {
+            ring: Mutex::new(Ring {
+                slots: vec![SlotState::Free; slots],
+                failed: VecDeque::new(),
+                last_seq: 0,
+                next_slot: 0,
+                skipped: VecDeque::new(),
+            }),
+            cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+            done: AtomicU64::new(0),
+            last_failed: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+            slot_by_seq,
+            graph_base: AtomicU64::new(0),
+            replays,
+            poll_replays,
+        }
+    }
+
+    /// Highest seq whose step is complete (Acquire: its rows and failure record are visible).
+    pub(super) fn done(&self) -> u64 {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Highest seq that failed (0: none).
+    pub(super) fn last_failed(&self) -> u64 {
+        self.last_failed.load(Ordering::Acquire)
+    }
+
+    /// Whether the handle is closing.
+    pub(super) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+
+    /// Whether step `seq` goes in slot `seq % slots`.
+    #[cfg(test)]
+    pub(super) fn slot_by_seq(&self) -> bool {
+        self.slot_by_seq
+    }
+
+    /// The first step of CUDA Graph mode (0: not prepared).
+    pub(super) fn graph_base(&self) -> u64 {
+        self.graph_base.load(Ordering::Acquire)
+    }
+
+    /// Marks the handle closing and wakes every parked thread (under the ring's lock, so a
+    /// thread about to park cannot miss it).
+    pub(super) fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        let _ring = lock(&self.ring);
+        self.cv.notify_all();
+    }
+
+    /// A copy of the slot states (tests).
+    #[cfg(test)]
+    pub(super) fn slot_states(&self) -> Vec<SlotState> {
+        lock(&self.ring).slots.clone()
+    }
+
+    /// Whether the ring's lock is free now (tests).
+    #[cfg(test)]
+    pub(super) fn ring_lock_free(&self) -> bool {
+        self.ring.try_lock().is_ok()
+    }
+
+    fn notify(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Parks on the condition variable until `ready(ring)`, the deadline (None: forever) or the
+    /// handle closing (`close` sets `closing` and signals under the ring's lock, so a parked
+    /// caller cannot miss it). Returns the guard and why it stopped.
+    fn park<'a>(
+        &'a self,
+        mut ring: MutexGuard<'a, Ring>,
+        deadline: Option<Instant>,
+        ready: impl Fn(&Ring) -> bool,
+    ) -> (MutexGuard<'a, Ring>, Parked) {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        // graph replays free slots without signalling the condition variable: poll
+        let poll = self.poll_replays.then_some(GRAPH_POLL);
+        let ok = loop {
+            if ready(&ring) {
+                break Parked::Ready;
+            }
+            if self.closing.load(Ordering::SeqCst) {
+                break Parked::Closing;
+            }
+            let now = Instant::now();
+            let until = match (deadline, poll) {
+                (Some(d), _) if now >= d => break Parked::TimedOut,
+                (Some(d), Some(p)) => Some((d - now).min(p)),
+                (Some(d), None) => Some(d - now),
+                (None, p) => p,
+            };
+            ring = match until {
+                None => sync::wait(&self.cv, ring),
+                Some(t) => sync::wait_timeout(&self.cv, ring, t).0,
+            };
+        };
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        (ring, ok)
+    }
+
+    /// Parks until step `seq` is published (`done >= seq`), the deadline or the handle closing.
+    pub(super) fn park_until_done(&self, seq: u64, deadline: Option<Instant>) -> Parked {
+        if self.done() >= seq {
+            return Parked::Ready;
+        }
+        let ring = lock(&self.ring);
+        self.park(ring, deadline, |_| self.done() >= seq).1
+    }
+
+    /// Takes a slot for step `seq` of `tokens` tokens and marks it Pending: with `slot_by_seq`
+    /// exactly `seq % slots` (free, or holding a step a graph replay consumed), else the next
+    /// Free slot in ring order. While none is free, `policy` applies: `Error` fails at once,
+    /// `Wait` parks up to `timeout_us` (counted in `stats.wait_ns`; a timeout in
+    /// `stats.timeouts`). Returns the slot.
+    pub(super) fn acquire(
+        &self,
+        seq: u64,
+        tokens: u32,
+        policy: RingFullPolicy,
+        timeout_us: u64,
+        stats: &Stats,
+    ) -> Result<usize> {
+        let mut ring = lock(&self.ring);
+        let free = |r: &Ring| self.free_slot_for(r, seq);
+        if free(&ring).is_none() {
+            let oldest = ring.slots.iter().filter_map(|s| s.seq()).min().unwrap_or(0);
+            if policy == RingFullPolicy::Error {
+                return Err(self.ring_full_error(&ring, seq, oldest));
+            }
+            let t0 = Instant::now();
+            let deadline = t0.checked_add(Duration::from_micros(timeout_us));
+            let (r, parked) = self.park(ring, deadline, |r| free(r).is_some());
+            ring = r;
+            stats
+                .wait_ns
+                .fetch_add(stats::ns(t0.elapsed()), Ordering::Relaxed);
+            if parked == Parked::Closing {
+                return Err(Error::State(
+                    "the handle was closed while ple_submit waited for a ring slot".into(),
+                ));
+            }
+            if parked == Parked::TimedOut {
+                stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::Timeout(format!(
+                    "ring full for {timeout_us} µs: all {} slots hold steps not consumed \
+                     (oldest {oldest})",
+                    ring.slots.len()
+                )));
+            }
+        }
+        let slot = free(&ring).expect("a free slot");
+        self.reclaim_graph_consumed(&mut ring);
+        ring.slots[slot] = SlotState::Pending { seq, tokens };
+        ring.note_submitted(seq);
+        ring.next_slot = (slot + 1) % ring.slots.len();
+        Ok(slot)
+    }
+
+    /// Gives back the slot of a submit that could not hand its step on (still Pending): the
+    /// slot is Free again, and with `failure` the step keeps that error for its waiters.
+    pub(super) fn cancel(&self, seq: u64, slot: usize, failure: Option<Error>) {
+        let mut ring = lock(&self.ring);
+        if ring.slots[slot].seq() == Some(seq) {
+            ring.slots[slot] = SlotState::Free;
+        }
+        if let Some(e) = failure {
+            ring.failed.push_back((seq, e));
+        }
+        drop(ring);
+        self.notify();
+    }
+
+    /// Publishes finished step `seq` in `slot`: the slot becomes Ready (or Free with the error
+    /// recorded), then `done = seq` (Release), then waiters are woken.
+    pub(super) fn publish(&self, seq: u64, slot: usize, result: std::result::Result<(), Error>) {
+        let mut failure = None;
+        let mut ring = lock(&self.ring);
+        match result {
+            Ok(()) => {
+                // (GPU mode: a slot a dequant_fuse claimed, or already freed, is left alone.)
+                if let SlotState::Pending { seq: s, tokens } = ring.slots[slot] {
+                    if s == seq {
+                        ring.slots[slot] = SlotState::Ready { seq, tokens };
+                    }
+                }
+            }
+            Err(e) => {
+                // logged once the ring's lock is released (below)
+                failure = Some((self.closing(), e.to_string()));
+                if ring.slots[slot].seq() == Some(seq) {
+                    ring.slots[slot] = SlotState::Free;
+                }
+                ring.failed.push_back((seq, e));
+                self.last_failed.fetch_max(seq, Ordering::Release);
+                while ring.failed.len() > MAX_FAILED_RECORDS {
+                    ring.failed.pop_front();
+                }
+            }
+        }
+        self.done.store(seq, Ordering::Release);
+        drop(ring);
+        self.notify();
+        match failure {
+            Some((true, e)) => log::debug!("step {seq} abandoned: {e}"),
+            Some((false, e)) => log::warn!("step {seq} failed: {e}"),
+            None => {}
+        }
+    }
+
+    /// What is known about `seq` (steps a graph replay consumed count as consumed).
+    pub(super) fn status(&self, seq: u64) -> Result<StepStatus> {
+        let mut ring = lock(&self.ring);
+        self.reclaim_graph_consumed(&mut ring);
+        ring.status(seq)
+    }
+
+    /// What `wait` needs to know of `seq`: None for a step that was submitted and has left the
+    /// ring (consumed or released; still its error if a failure record is left), else its status.
+    pub(super) fn status_for_wait(&self, seq: u64) -> Result<Option<StepStatus>> {
+        let mut ring = lock(&self.ring);
+        self.reclaim_graph_consumed(&mut ring);
+        match ring.status(seq) {
+            Err(_) if ring.left_ring(seq) => Ok(None),
+            r => r.map(Some),
+        }
+    }
+
+    /// Claims complete step `seq` for a consumer (Ready → Consuming) and returns its slot and
+    /// tokens; `waited` is the consumer's wait for it. A failed step's record is taken (the
+    /// step is released) and its error returned.
+    pub(super) fn claim(&self, seq: u64, waited: Result<()>) -> Result<(usize, u32)> {
+        let mut ring = lock(&self.ring);
+        if let Some(e) = ring.take_failure(seq) {
+            return Err(e);
+        }
+        waited?;
+        self.reclaim_graph_consumed(&mut ring);
+        let (slot, tokens) = match ring.status(seq)? {
+            StepStatus::Ready { slot, tokens } => (slot, tokens),
+            StepStatus::Consuming => {
+                return Err(Error::State(format!(
+                    "step {seq} is already being consumed by another call"
+                )));
+            }
+            StepStatus::Failed(e) => return Err(e),
+            StepStatus::Pending { .. } => {
+                return Err(Error::State(format!("step {seq} is not complete")));
+            }
+        };
+        ring.slots[slot] = SlotState::Consuming { seq, tokens };
+        Ok((slot, tokens))
+    }
+
+    /// Claims step `seq` in its `seq % slots` slot before it may be complete (Pending or Ready
+    /// → Consuming; device waits) and returns its tokens. A failed step's record is taken and
+    /// its error returned.
+    pub(super) fn claim_early(&self, seq: u64, slot: usize) -> Result<u32> {
+        let mut ring = lock(&self.ring);
+        if let Some(e) = ring.take_failure(seq) {
+            return Err(e);
+        }
+        self.reclaim_graph_consumed(&mut ring);
+        match ring.status(seq)? {
+            StepStatus::Failed(e) => return Err(e),
+            StepStatus::Consuming => {
+                return Err(Error::State(format!(
+                    "step {seq} is already being consumed by another call"
+                )));
+            }
+            StepStatus::Pending { .. } | StepStatus::Ready { .. } => {}
+        }
+        let tokens = match ring.slots[slot] {
+            SlotState::Pending { seq: s, tokens } | SlotState::Ready { seq: s, tokens }
+                if s == seq =>
+            {
+                tokens
+            }
+            st => {
+                return Err(Error::State(format!(
+                    "step {seq} is not in ring slot {slot} (seq % {}): {st:?}",
+                    ring.slots.len()
+                )));
+            }
+        };
+        ring.slots[slot] = SlotState::Consuming { seq, tokens };
+        Ok(tokens)
+    }
+
+    /// Ends a claim of step `seq` (`tokens` tokens) in `slot`: `consumed` frees the slot;
+    /// otherwise the step stays available (Ready once complete, else Pending) and a failure
+    /// record of it is forgotten (the consumer reported it). A slot no longer held by the claim
+    /// is left alone.
+    pub(super) fn end_claim(&self, seq: u64, slot: usize, tokens: u32, consumed: bool) {
+        let mut ring = lock(&self.ring);
+        if ring.slots[slot] == (SlotState::Consuming { seq, tokens }) {
+            ring.slots[slot] = if consumed {
+                SlotState::Free
+            } else if self.done() >= seq {
+                SlotState::Ready { seq, tokens }
+            } else {
+                SlotState::Pending { seq, tokens }
+            };
+        }
+        if !consumed {
+            ring.take_failure(seq);
+        }
+        drop(ring);
+        self.notify();
+    }
+
+    /// Releases complete step `seq` without consuming its rows (`waited`: the wait for it).
+    /// Releasing a failed step forgets its error and succeeds.
+    pub(super) fn release(&self, seq: u64, waited: Result<()>) -> Result<()> {
+        let mut ring = lock(&self.ring);
+        if ring.take_failure(seq).is_some() {
+            return Ok(());
+        }
+        waited?;
+        match ring.status(seq)? {
+            StepStatus::Ready { slot, .. } => {
+                ring.slots[slot] = SlotState::Free;
+                drop(ring);
+                self.notify();
+                Ok(())
+            }
+            StepStatus::Consuming => Err(Error::State(format!(
+                "step {seq} is being consumed by a dequant call"
+            ))),
+            StepStatus::Failed(e) => Err(e),
+            StepStatus::Pending { .. } => Err(Error::State(format!("step {seq} is not complete"))),
+        }
+    }
+
+    /// Enters CUDA Graph mode from step `base_seq` on: under the ring's lock, frees the Ready
+    /// steps replays consumed under the previous base (else they would hold their slots forever:
+    /// the new base no longer counts them), runs `prepare` (which may refuse), and only then
+    /// records the base.
+    pub(super) fn rebase_graph(
+        &self,
+        base_seq: u64,
+        prepare: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let mut ring = lock(&self.ring);
+        self.reclaim_graph_consumed(&mut ring);
+        prepare()?;
+        self.graph_base.store(base_seq, Ordering::Release);
+        drop(ring);
+        self.notify();
+        Ok(())
+    }
+
+    /// Whether Ready step `seq` was consumed by a CUDA Graph replay (graph mode only).
+    fn graph_consumed(&self, seq: u64) -> bool {
+        let base = self.graph_base();
+        self.replays
+            .as_ref()
+            .is_some_and(|c| base != 0 && seq >= base && c() >= seq)
+    }
+
+    /// Frees the slots of Ready steps a CUDA Graph replay consumed.
+    fn reclaim_graph_consumed(&self, ring: &mut Ring) {
+        if let Some(c) = &self.replays {
+            ring.reclaim_graph_consumed(self.graph_base(), c());
+        }
+    }
+
+    /// The slot step `seq` may take now, if any: with `slot_by_seq` exactly `seq % slots` (free,
+    /// or holding a step a graph replay consumed); else the next Free slot in ring order (any
+    /// free slot, so sparse seqs use the whole ring).
+    fn free_slot_for(&self, r: &Ring, seq: u64) -> Option<usize> {
+        let n = r.slots.len();
+        if self.slot_by_seq {
+            let s = (seq % n as u64) as usize;
+            match r.slots[s] {
+                SlotState::Free => Some(s),
+                SlotState::Ready { seq: q, .. } if self.graph_consumed(q) => Some(s),
+                _ => None,
+            }
+        } else {
+            (0..n)
+                .map(|i| (r.next_slot + i) % n)
+                .find(|&i| r.slots[i] == SlotState::Free)
+        }
+    }
+
+    /// The error of a submit that finds its ring slot taken under `RingFullPolicy::Error`
+    /// (`oldest`: the oldest step the ring holds).
+    fn ring_full_error(&self, ring: &Ring, seq: u64, oldest: u64) -> Error {
+        let n = ring.slots.len();
+        let target = (seq % n as u64) as usize;
+        Error::State(if self.slot_by_seq {
+            format!(
+                "ring full: slot {target} (seq % {n}) holds step {} not yet consumed; \
+                 consume steps with ple_dequant_* or ple_release_step",
+                ring.slots[target].seq().unwrap_or(0)
+            )
+        } else {
+            format!(
+                "ring full: all {n} slots hold steps not yet consumed (oldest {oldest}); \
+                 consume steps with ple_dequant_* or ple_release_step"
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,7 @@ use super::layout::*;
 use super::side::{Ev, GpuSide};
 use crate::error::{Error, Result};
 use crate::model::HEAD_DIM;
+use crate::sync;
 use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -57,9 +58,7 @@ impl GpuSide {
         let _c = CtxGuard::push(self.ctx)?;
         let _m = RelaxedCapture::enter()?;
         let (old, occupant) = {
-            let mut st = self.slot_state[slot]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut st = sync::lock(&self.slot_state[slot]);
             let (old, keep): (Vec<_>, Vec<_>) = st.readers.drain(..).partition(|&(q, _)| q < seq);
             st.readers = keep;
             st.prepared = 0;
@@ -69,7 +68,7 @@ impl GpuSide {
         let deadline = Instant::now().checked_add(self.timeout);
         // Copy the handles out: never hold the event lock while polling (fuse needs it).
         let handles: Vec<Ev> = {
-            let evs = self.events.lock().unwrap_or_else(|p| p.into_inner());
+            let evs = sync::lock(&self.events);
             old.iter().map(|&(_, i)| evs.0[i]).collect()
         };
         let what = format!("step {seq} waited for ring slot {slot}");
@@ -82,9 +81,7 @@ impl GpuSide {
         }
         if result.is_err() {
             // unfinished readers stay recorded: the next attempt (or close) waits for them again
-            let mut st = self.slot_state[slot]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut st = sync::lock(&self.slot_state[slot]);
             st.readers.extend(old.iter().copied());
             return result;
         }
@@ -108,10 +105,7 @@ impl GpuSide {
                 std::thread::sleep(POLL);
             }
         }
-        self.slot_state[slot]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .prepared = seq;
+        sync::lock(&self.slot_state[slot]).prepared = seq;
         Ok(())
     }
 
@@ -123,9 +117,7 @@ impl GpuSide {
         self.ctrl_u32(h + 12)
             .store(failed as u32, Ordering::Relaxed);
         {
-            let mut st = self.slot_state[slot]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut st = sync::lock(&self.slot_state[slot]);
             st.occupant = seq;
             st.prepared = 0;
         }
@@ -160,10 +152,7 @@ impl GpuSide {
             );
         }
         self.check_order(seq)?;
-        let prepared = self.slot_state[slot]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .prepared;
+        let prepared = sync::lock(&self.slot_state[slot]).prepared;
         if prepared != seq {
             return Err(Error::State(format!(
                 "upload of step {seq} without begin_step (ring slot {slot} not confirmed free)"
@@ -247,7 +236,7 @@ impl GpuSide {
     // -- events -----------------------------------------------------------------------------
 
     pub(super) fn take_event(&self) -> Result<usize> {
-        let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ev = sync::lock(&self.events);
         if let Some(i) = ev.1.pop() {
             return Ok(i);
         }
@@ -263,7 +252,7 @@ impl GpuSide {
     }
 
     pub(super) fn recycle_events(&self, ids: impl Iterator<Item = usize>) {
-        let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ev = sync::lock(&self.events);
         ev.1.extend(ids);
     }
 }

@@ -7,6 +7,7 @@ use super::side::GpuSide;
 use super::{OutPlacement, StreamCall, WaitKind, capture_allowed, check_out};
 use crate::dequant::cpu::OutArgs;
 use crate::error::{Error, Result};
+use crate::sync;
 use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -269,18 +270,14 @@ impl GpuSide {
             )?
         };
         let i = self.take_event()?;
-        let ev = self.events.lock().unwrap_or_else(|p| p.into_inner()).0[i];
+        let ev = sync::lock(&self.events).0[i];
         // SAFETY: our event, the caller's stream (same context, checked).
         let r = unsafe { (self.d.cuEventRecord)(ev.0, stream) };
         if let Err(e) = ck(r, "cuEventRecord") {
             self.recycle_events(std::iter::once(i));
             return Err(e);
         }
-        self.slot_state[slot]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .readers
-            .push((seq, i));
+        sync::lock(&self.slot_state[slot]).readers.push((seq, i));
         Ok(())
     }
 

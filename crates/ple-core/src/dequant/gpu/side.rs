@@ -5,6 +5,7 @@ use super::layout::*;
 use super::{GpuConfig, WaitKind, select_wait};
 use crate::error::{Error, Result};
 use crate::model::RowFormat;
+use crate::sync;
 use cudarc::driver::sys;
 use std::ffi::{CStr, CString, c_void};
 use std::sync::Mutex;
@@ -486,7 +487,7 @@ impl GpuSide {
             }
         }
         let evs: Vec<Ev> = {
-            let st = self.events.lock().unwrap_or_else(|p| p.into_inner());
+            let st = sync::lock(&self.events);
             let free: std::collections::HashSet<usize> = st.1.iter().copied().collect();
             (0..st.0.len())
                 .filter(|i| !free.contains(i))
@@ -529,8 +530,7 @@ impl Drop for GpuSide {
         // SAFETY: every handle below was created by us in this context and is freed once; our
         // kernels and copies have finished (drained above), so nothing of ours still uses them.
         unsafe {
-            let evs =
-                std::mem::take(&mut self.events.get_mut().unwrap_or_else(|p| p.into_inner()).0);
+            let evs = std::mem::take(&mut sync::get_mut(&mut self.events).0);
             for e in evs {
                 let _ = (d.cuEventDestroy_v2)(e.0);
             }

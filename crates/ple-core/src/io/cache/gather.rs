@@ -3,9 +3,10 @@
 use super::RowCache;
 use crate::error::Result;
 use crate::stats::{IoDelta, measure};
+use crate::sync;
 use std::sync::Mutex;
 
-/// How many rows ahead a batch prefetches the cache's memory for ([`RowCache::prefetch`]).
+/// How many rows ahead a batch hints the cache's memory for ([`RowCache::hint`]).
 const PREFETCH_AHEAD: usize = 6;
 
 /// What [`gather_cached`] did.
@@ -18,9 +19,9 @@ pub struct CachedGather {
     pub misses: u64,
 }
 
-/// Gathers `ids` into `out` (laid out as [`gather`](crate::io::gather::gather)) through `cache`:
+/// Gathers `ids` into `out` (laid out as [`gather`](crate::io::mmap::gather::gather)) through `cache`:
 /// a cached row is copied from the cache, any other from `src` (the mapped row file, read only
-/// through [`guard::copy_rows`](crate::io::guard::copy_rows), so a SIGBUS is an `Error::Io` and
+/// through [`guard::copy_rows`](crate::io::mmap::guard::copy_rows), so a SIGBUS is an `Error::Io` and
 /// nothing is inserted for the row that faulted) and then inserted. Big sets run on `pool` in
 /// chunks, as the plain gather does; the first chunk's error is returned.
 pub fn gather_cached(
@@ -39,7 +40,7 @@ pub fn gather_cached(
             ids.len() * rb
         );
     }
-    crate::io::gather::check_ids(ids, (src.len() / rb) as u64)?;
+    crate::io::mmap::gather::check_ids(ids, (src.len() / rb) as u64)?;
     let out = &mut out[..ids.len() * rb];
     let run = |ids: &[u64], out: &mut [u8]| -> Result<u64> {
         // the first fault ends the copying: later misses are left unfilled and uninserted
@@ -50,9 +51,9 @@ pub fn gather_cached(
             }
             let r = ids[i];
             if let Some(&next) = ids.get(i + PREFETCH_AHEAD) {
-                cache.prefetch(next, true);
+                cache.hint(next, true);
             }
-            match crate::io::guard::copy_rows(src, rb, &[r], o) {
+            match crate::io::mmap::guard::copy_rows(src, rb, &[r], o) {
                 Ok(()) => cache.insert(r, o),
                 Err(e) => fault = Some(e),
             }
@@ -64,8 +65,8 @@ pub fn gather_cached(
     };
     let mut g = CachedGather::default();
     match pool {
-        Some(pool) if crate::io::gather::runs_on_pool(ids.len(), pool) => {
-            let chunk = crate::io::gather::pool_chunk(ids.len(), pool);
+        Some(pool) if crate::io::mmap::gather::runs_on_pool(ids.len(), pool) => {
+            let chunk = crate::io::mmap::gather::pool_chunk(ids.len(), pool);
             let acc = Mutex::new((CachedGather::default(), None));
             pool.in_place_scope(|s| {
                 for (o, i) in out.chunks_mut(chunk * rb).zip(ids.chunks(chunk)) {
@@ -73,7 +74,7 @@ pub fn gather_cached(
                     let run = &run;
                     s.spawn(move |_| {
                         let (r, d) = measure(false, || run(i, o));
-                        let mut a = acc.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut a = sync::lock(acc);
                         a.0.io.add(d);
                         match r {
                             Ok(hits) => a.0.hits += hits,
@@ -84,7 +85,7 @@ pub fn gather_cached(
                     });
                 }
             });
-            let (a, err) = acc.into_inner().unwrap_or_else(|p| p.into_inner());
+            let (a, err) = sync::into_inner(acc);
             if let Some(e) = err {
                 return Err(e);
             }
@@ -111,7 +112,7 @@ fn lookups(cache: &RowCache, ids: &[u64], out: &mut [u8], first: usize, miss_pos
     cache.lookup_batch(ids, out, |i, _| miss_pos.push(first + i));
 }
 
-/// Fills `out` with rows `ids` (laid out as [`gather`](crate::io::gather::gather)) through
+/// Fills `out` with rows `ids` (laid out as [`gather`](crate::io::mmap::gather::gather)) through
 /// `cache`: cached rows are copied from it (on `pool`, in chunks, for a big set, as the plain
 /// gather does); the others are read together by `read_misses` (ids, their output buffer), copied
 /// into place and inserted. Returns what `read_misses` returned (None when every row was cached)
@@ -133,8 +134,8 @@ pub fn read_through<R>(
     s.miss_pos.clear();
     let out = &mut out[..ids.len() * rb];
     match pool {
-        Some(pool) if crate::io::gather::runs_on_pool(ids.len(), pool) => {
-            let chunk = crate::io::gather::pool_chunk(ids.len(), pool);
+        Some(pool) if crate::io::mmap::gather::runs_on_pool(ids.len(), pool) => {
+            let chunk = crate::io::mmap::gather::pool_chunk(ids.len(), pool);
             // each chunk's misses in its own list, joined in chunk order
             let mut parts: Vec<Vec<usize>> = vec![Vec::new(); ids.len().div_ceil(chunk)];
             pool.in_place_scope(|sc| {
@@ -161,10 +162,10 @@ pub fn read_through<R>(
         .enumerate()
     {
         if let Some(&next) = s.miss_ids.get(k + PREFETCH_AHEAD) {
-            cache.prefetch(next, true);
+            cache.hint(next, true);
         }
         if let Some(&next) = s.miss_ids.get(k + PREFETCH_AHEAD / 2) {
-            cache.prefetch_victim(next);
+            cache.hint_victim(next);
         }
         out[i * rb..(i + 1) * rb].copy_from_slice(row);
         cache.insert(id, row);

@@ -93,5 +93,4 @@ pub fn copy_rows(src: &[u8], row_bytes: usize, ids: &[u64], out: &mut [u8]) -> R
 }
 
 #[cfg(test)]
-#[path = "guard_tests.rs"]
 mod tests;

@@ -4,8 +4,11 @@
 use super::*;
 use crate::dequant::cpu as dequant;
 use crate::dequant::cpu::{Dtype, OutArgs};
-use crate::io::gather;
+use crate::io::mmap::gather;
 use crate::step::options::PrefetchPolicy;
+use crate::step::options::{IoMode, RingFullPolicy};
+use crate::step::shared::FORCE_SLOT_BY_SEQ;
+use std::collections::VecDeque;
 
 const F32_OUT: OutArgs = f32_out(2560);
 
@@ -448,15 +451,12 @@ fn ngram_ids_has_no_side_effects() {
 }
 
 // The second half: consumption, counters, GPU-mode ring and lifecycle tests.
-#[path = "tests_consume.rs"]
 mod consume;
 
 // The MMAP residency cap.
-#[path = "tests_residency.rs"]
 mod residency;
 
 // Head shards.
-#[path = "tests_shard.rs"]
 mod shard;
 
 #[test]

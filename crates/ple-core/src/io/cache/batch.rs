@@ -12,7 +12,7 @@
 //! A hit is exactly what [`RowCache::lookup`] would have copied: the same validated read, only
 //! split over the passes (every read between the two counter loads is an atomic word).
 
-use super::prefetch::prefetch_line;
+use super::hints::hint_line;
 use super::{MAX_ROW_ID, RowCache, Shard, mix};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::atomic::{AtomicU64, fence};
@@ -37,7 +37,7 @@ impl RowCache {
     /// Looks `ids` up, copying each cached row into its row of `out` (`ids.len() × row_bytes`
     /// bytes at least), and calls `miss(i, row_i_of_out)` for each row `i` not cached, in order
     /// of `i` (a miss's row of `out` may have been written). Returns the hits. Counts nothing
-    /// (the caller [`record`](RowCache::record)s). Hits and misses are those of [`lookup`]
+    /// (the caller [`record`](RowCache::record)s). Hits and misses are those of [`lookup`](RowCache::lookup)
     /// (RowCache::lookup) on each id in turn, except that a row `miss` inserts is not yet seen
     /// by the rest of its group (at most [`GROUP`] − 1 rows later).
     pub fn lookup_batch(
@@ -67,8 +67,8 @@ impl RowCache {
                 for (h, &id) in hs[b..].iter_mut().zip(&ids[span(t)]) {
                     *h = mix(id);
                     let s = self.shard(*h);
-                    prefetch_line(&s.seq as *const AtomicU64 as usize);
-                    s.prefetch_probe(*h, false);
+                    hint_line(&s.seq as *const AtomicU64 as usize);
+                    s.hint_probe(*h, false);
                 }
             }
             // pass 2 of group t - 1: open each read section, probe, prefetch the slot
@@ -82,7 +82,7 @@ impl RowCache {
                     } else {
                         let slot = s.probe_tag(h);
                         if slot != NONE {
-                            s.prefetch_slot(slot);
+                            s.hint_slot(slot);
                         }
                         Probe::Read { seq, slot }
                     };
@@ -146,11 +146,11 @@ impl Shard {
 
     /// Prefetches `slot`'s header and row lines.
     #[inline(always)]
-    fn prefetch_slot(&self, slot: u32) {
+    fn hint_slot(&self, slot: u32) {
         if (slot as usize) < self.cap {
             let a = self.hdr(slot) as *const AtomicU64 as usize;
             for line in (a & !63..a + self.stride * 8).step_by(64) {
-                prefetch_line(line);
+                hint_line(line);
             }
         }
     }

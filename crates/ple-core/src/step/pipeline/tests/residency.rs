@@ -4,7 +4,7 @@
 //! step's chunks, and the dropped bytes are counted.
 
 use super::*;
-use crate::io::residency::CHUNK_BYTES;
+use crate::io::mmap::residency::CHUNK_BYTES;
 
 #[test]
 fn residency_stays_within_the_cap_and_rows_stay_right() {

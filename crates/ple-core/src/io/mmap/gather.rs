@@ -3,9 +3,10 @@
 //! 16 rows start at `t * 16 * row_bytes`. No padding, no other stride.
 
 use crate::error::{Error, Result};
-use crate::io::guard;
-use crate::io::prefetch::{PAGE_SHIFT, PageRange, PageSet};
+use crate::io::mmap::advice::{PAGE_SHIFT, PageRange, PageSet};
+use crate::io::mmap::guard;
 use crate::stats::{IoDelta, measure};
+use crate::sync;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,9 +24,7 @@ pub fn gather_serial(src: &[u8], row_bytes: usize, ids: &[u64], out: &mut [u8]) 
 /// The first error of parallel tasks.
 fn keep_first(slot: &Mutex<Option<Error>>, r: Result<()>) {
     if let Err(e) = r {
-        slot.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert(e);
+        sync::lock(slot).get_or_insert(e);
     }
 }
 
@@ -96,15 +95,15 @@ pub fn gather_with<T>(
                     s.spawn(move |_| {
                         let (r, d) = measure(false, || gather_serial(src, row_bytes, i, o));
                         keep_first(err, r);
-                        io.lock().unwrap_or_else(|p| p.into_inner()).add(d);
+                        sync::lock(io).add(d);
                     });
                 }
                 side()
             });
-            if let Some(e) = err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            if let Some(e) = sync::into_inner(err) {
                 return Err(e);
             }
-            Ok((io.into_inner().unwrap_or_else(|p| p.into_inner()), r))
+            Ok((sync::into_inner(io), r))
         }
         _ => {
             gather_serial(src, row_bytes, ids, out)?;
@@ -220,15 +219,15 @@ pub fn gather_overlapped(
                         Ok(())
                     });
                     keep_first(task_err, r);
-                    io.lock().unwrap_or_else(|p| p.into_inner()).add(d);
+                    sync::lock(io).add(d);
                 });
             }
         }
     });
-    if let Some(e) = err.or(task_err.into_inner().unwrap_or_else(|p| p.into_inner())) {
+    if let Some(e) = err.or(sync::into_inner(task_err)) {
         return Err(e);
     }
-    rep.gather_io = *io.lock().unwrap_or_else(|p| p.into_inner());
+    rep.gather_io = *sync::lock(&io);
     Ok(rep)
 }
 

@@ -5,7 +5,7 @@
 //! after the call returns, unless the ring failed mid-batch ([`Ring::poisoned`]), in which case
 //! the caller must leak the buffer (reads may still land in it).
 
-use crate::io::buf::AlignedBuf;
+use crate::io::direct::buf::AlignedBuf;
 use io_uring::{IoUring, opcode, types};
 use std::os::fd::RawFd;
 

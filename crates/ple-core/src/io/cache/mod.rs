@@ -25,7 +25,7 @@
 //! racing read is a stale value, never undefined behaviour. The hit's policy bit is set with one
 //! compare-and-swap of the row's header, only when it changes (hot rows: none). Hits and misses
 //! are counted by the callers, once per batch ([`RowCache::record`]). A step's rows are looked
-//! up by [`RowCache::lookup_batch`] (`cache_batch.rs`): the same validated reads, pipelined over
+//! up by [`RowCache::lookup_batch`] (`batch.rs`): the same validated reads, pipelined over
 //! groups of rows with prefetches, so that the dependent memory loads of a lookup (index line,
 //! then slot) overlap across rows instead of following one another.
 //!
@@ -42,6 +42,7 @@
 //! access sequence; S3-FIFO is the default because it measured best (see the README, "Row cache").
 
 use crate::error::{Error, Result};
+use crate::sync;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64, fence};
 use std::sync::{Mutex, MutexGuard};
@@ -503,7 +504,7 @@ impl Shard {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.w.lock().unwrap_or_else(|p| p.into_inner())
+        sync::lock(&self.w)
     }
 
     /// Makes `seq` odd (the caller holds the lock): lookups started before retry.
@@ -652,26 +653,19 @@ impl Shard {
     }
 }
 
-#[path = "cache_evict.rs"]
 mod evict;
 use evict::push;
 
-#[path = "cache_index.rs"]
 mod index;
 
-#[path = "cache_prefetch.rs"]
-mod prefetch;
+mod hints;
 
-#[path = "cache_batch.rs"]
 mod batch;
 
-#[path = "cache_gather.rs"]
 mod gather;
 
-#[path = "cache_ahead.rs"]
 mod ahead;
 pub use gather::{CachedGather, ReadThroughScratch, gather_cached, read_through};
 
 #[cfg(test)]
-#[path = "cache_tests.rs"]
 mod tests;

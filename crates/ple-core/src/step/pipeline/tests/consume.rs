@@ -254,7 +254,7 @@ fn seq_mod_slots_ring_wraps_refuses_and_waits() {
     });
     let p_wait = open(d.path(), |o| o.max_in_flight = 2);
     FORCE_SLOT_BY_SEQ.with(|f| f.set(false));
-    assert!(p.sh.slot_by_seq && p_wait.sh.slot_by_seq);
+    assert!(p.sh.completion.slot_by_seq() && p_wait.sh.completion.slot_by_seq());
 
     let bs: Vec<B> = (0..4).map(|_| random_batch(&mut rng, 2, 5)).collect();
     p.submit(&bs[0].view(), 1).unwrap(); // slot 1

@@ -1,11 +1,14 @@
 //! Host-side tests of the GPU mode's pipeline logic, runnable without a GPU: CUDA Graph reclaim
 //! on re-prepare, a refused prepare changing nothing, the ring's lock not held while a failure is
-//! published to the device, and `wait` on a step that has left the ring. (The device side is
-//! checked by `ffi-tests/gpu/device-check.sh`.)
+//! published to the device, and `wait` on a step that has left the ring. (The ring's own reclaim
+//! is tested in `ring/tests.rs`; the device side by `ffi-tests/gpu/device-check.sh`.)
 
 use super::*;
 use crate::dequant::cpu::OutArgs;
 use crate::model::RowFormat;
+use crate::step::options::RingFullPolicy;
+use crate::step::ring::SlotState;
+use crate::step::shared::FORCE_SLOT_BY_SEQ;
 use crate::synth;
 
 fn table() -> tempfile::TempDir {
@@ -47,47 +50,7 @@ fn submit(p: &Pipeline, seq: u64) -> Result<()> {
 const EOS_TOKEN: i32 = crate::model::EOS_TOKEN_ID;
 
 fn slot_states(p: &Pipeline) -> Vec<SlotState> {
-    lock(&p.sh.ring).slots.clone()
-}
-
-#[test]
-fn reclaim_frees_exactly_the_ready_steps_replays_consumed() {
-    let mut r = Ring {
-        slots: vec![
-            SlotState::Ready { seq: 8, tokens: 1 },
-            SlotState::Ready { seq: 5, tokens: 1 },
-            SlotState::Pending { seq: 6, tokens: 1 },
-            SlotState::Ready { seq: 7, tokens: 1 },
-            SlotState::Ready { seq: 4, tokens: 1 },
-        ],
-        failed: VecDeque::new(),
-        last_seq: 8,
-        next_slot: 0,
-        skipped: VecDeque::from([(2, 3)]),
-    };
-    let before = r.slots.clone();
-    r.reclaim_graph_consumed(0, 100); // not in graph mode: nothing is a replay's
-    assert_eq!(r.slots, before);
-    r.reclaim_graph_consumed(5, 7);
-    assert_eq!(
-        r.slots,
-        vec![
-            SlotState::Ready { seq: 8, tokens: 1 }, // not consumed yet
-            SlotState::Free,
-            SlotState::Pending { seq: 6, tokens: 1 }, // never Ready: untouched
-            SlotState::Free,
-            SlotState::Ready { seq: 4, tokens: 1 }, // before the base: not a replay's
-        ]
-    );
-    assert!(r.left_ring(5) && r.left_ring(7) && r.left_ring(1));
-    assert!(!r.left_ring(8) && !r.left_ring(9) && !r.left_ring(0));
-    assert!(
-        !r.left_ring(2) && !r.left_ring(3),
-        "skipped seqs were never submitted"
-    );
-    r.note_submitted(12);
-    assert_eq!(r.last_seq, 12);
-    assert!(!r.left_ring(10) && r.skipped.back() == Some(&(9, 11)));
+    p.sh.completion.slot_states()
 }
 
 /// Re-calling `ple_graph_prepare` must not strand a Ready step a replay consumed (its slot would
@@ -141,7 +104,7 @@ fn a_refused_prepare_changes_nothing() {
         })
         .unwrap_err();
     assert!(e.to_string().contains("cannot be captured"), "{e}");
-    assert_eq!(p.sh.graph_base.load(Ordering::SeqCst), 3, "base kept");
+    assert_eq!(p.sh.completion.graph_base(), 3, "base kept");
 }
 
 /// A failed step is published to the device without the ring's lock: whatever that publish

@@ -3,19 +3,22 @@
 //!
 //! A step's rows are sorted by offset and their block ranges merged where they overlap or touch
 //! (up to [`MAX_EXTENT`] bytes per read); the merged reads go out together — through io_uring at
-//! depth [`DEPTH`] ([`crate::io::uring`]), or where io_uring is refused, on a pool of `pread`
-//! threads — into one aligned buffer, and each row is copied from there to its place in the output
-//! (`out[i * row_bytes..]` for `ids[i]`, the gather's layout).
+//! depth [`DEPTH`] ([`uring`]), or where io_uring is refused, on a pool of `pread` threads —
+//! into one aligned buffer ([`buf`]), and each row is copied from there to its place in the
+//! output (`out[i * row_bytes..]` for `ids[i]`, the gather's layout).
 //!
 //! [`DirectReader::read_rows`] takes the rows to read, whatever chose them: a row cache can sit in
 //! front of it and pass only the rows it misses.
 
+pub mod buf;
+pub mod uring;
+
 use crate::error::{Error, Result};
-use crate::io::buf::AlignedBuf;
-use crate::io::uring::{ReadReq, Ring};
+use buf::AlignedBuf;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use uring::{ReadReq, Ring};
 
 /// Reads in flight (io_uring) or `pread` threads (fallback). Depth 64–128 reaches the device's
 /// random-read IOPS on the drives measured (`ple bench`'s storage floor).
@@ -138,11 +141,11 @@ impl DirectReader {
             .or_else(|| crate::sys::logical_block_size(path))
             .unwrap_or(4096)
             .max(512) as u64;
-        if align as usize > crate::io::buf::BUF_ALIGN {
+        if align as usize > crate::io::direct::buf::BUF_ALIGN {
             return Err(Error::Unsupported(format!(
                 "direct I/O on {}: alignment {align} B above {} B",
                 path.display(),
-                crate::io::buf::BUF_ALIGN
+                crate::io::direct::buf::BUF_ALIGN
             )));
         }
         let forced = pool == Pool::Forced || std::env::var_os("PLE_IO_FORCE_PREAD").is_some();

@@ -281,7 +281,7 @@ fn gather_cached_equals_the_plain_gather_and_counts_every_row() {
             let mut out = vec![0u8; n * rb];
             let g = gather_cached(&c, &src, &ids, &mut out, Some(&pool)).unwrap();
             let mut want = vec![0u8; n * rb];
-            crate::io::gather::gather(&src, rb, &ids, &mut want, None).unwrap();
+            crate::io::mmap::gather::gather(&src, rb, &ids, &mut want, None).unwrap();
             assert!(
                 out == want,
                 "cap {cap} step {step}: rows differ from the table's"

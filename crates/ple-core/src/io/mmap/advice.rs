@@ -1,5 +1,6 @@
-//! Page sets and WILLNEED prefetch: a batch's row pages (a row can straddle two), deduplicated,
-//! sorted and coalesced, advised WILLNEED before the gather so the SSD sees them at queue depth.
+//! Page advice: a batch's row pages (a row can straddle two), deduplicated, sorted and coalesced
+//! into a page set, advised WILLNEED ([`willneed`]) before the gather so the SSD sees them at
+//! queue depth; residency samples that tell whether a step needs it.
 //!
 //! A step's rows are known before they are read, so the worker computes every row's first and last
 //! 4 KiB page (a row can straddle two), dedupes and sorts them, coalesces neighbours into ranges and
@@ -239,7 +240,7 @@ pub fn sample_resident(map: &[u8], rows: &[u64], row_bytes: usize, k: usize) -> 
 
 /// Issues `posix_fadvise(WILLNEED)` for `ranges` of the file behind `file` (mapped at `map`),
 /// clamped to the file. Returns the pages covered.
-pub fn prefetch(file: &std::fs::File, map: &[u8], ranges: &[PageRange]) -> Result<u64> {
+pub fn willneed(file: &std::fs::File, map: &[u8], ranges: &[PageRange]) -> Result<u64> {
     let len = map.len() as u64;
     let mut pages = 0;
     for r in ranges {
@@ -253,101 +254,6 @@ pub fn prefetch(file: &std::fs::File, map: &[u8], ranges: &[PageRange]) -> Resul
             .map_err(|e| Error::io("posix_fadvise(WILLNEED)", e))?;
     }
     Ok(pages)
-}
-
-/// Reads a step's rows through the page cache with io_uring: buffered reads of the row file (a
-/// descriptor of its own, `POSIX_FADV_RANDOM`: no readahead past the pages named) straight into
-/// the step's slot, all in flight at once, waited for. Against `posix_fadvise(WILLNEED)` per page
-/// then a faulting gather, it saves a system call per page and every page fault (the mapping is
-/// not touched), and the pages it reads stay cached for later steps as a fault would leave them.
-pub struct UringPrefetcher {
-    file: std::fs::File,
-    /// Boxed, as in `DirectReader`: the ring's state is large and the prefetcher sits in an enum.
-    ring: Box<crate::io::uring::Ring>,
-    scratch: crate::io::buf::AlignedBuf,
-    reqs: Vec<crate::io::uring::ReadReq>,
-    res: Vec<i32>,
-}
-
-impl UringPrefetcher {
-    /// A prefetcher for the file at `path`; None where io_uring is refused.
-    pub fn open(path: &std::path::Path) -> Option<UringPrefetcher> {
-        let file = std::fs::File::open(path).ok()?;
-        crate::sys::fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM).ok()?;
-        let ring = Box::new(
-            crate::io::uring::Ring::new(
-                file.as_raw_fd(),
-                crate::io::direct::DEPTH,
-                crate::io::uring::RingSetup::default(),
-            )
-            .ok()?,
-        );
-        let scratch = crate::io::buf::AlignedBuf::default();
-        Some(UringPrefetcher {
-            file,
-            ring,
-            scratch,
-            reqs: Vec::new(),
-            res: Vec::new(),
-        })
-    }
-
-    /// Reads rows `ids` (of `rb` bytes) through the page cache into
-    /// `out` (row `i` at `out[i * rb..]`), all in flight at once: cached rows are copied by the
-    /// kernel at submission, the others read (their pages then stay cached, as a fault would have
-    /// left them). No page of the mapping is touched, so nothing can fault. A failed or short read
-    /// (the file shorter than the table) is `Error::Io` naming the row. Returns the reads issued.
-    pub fn read_rows(&mut self, ids: &[u64], rb: usize, out: &mut [u8]) -> Result<u64> {
-        assert!(out.len() >= ids.len() * rb, "output holds the rows");
-        self.scratch.reserve(ids.len() * rb)?;
-        self.reqs.clear();
-        self.reqs.extend(
-            ids.iter()
-                .enumerate()
-                .map(|(i, &r)| crate::io::uring::ReadReq {
-                    off: r * rb as u64,
-                    buf_off: i * rb,
-                    len: rb as u32,
-                }),
-        );
-        self.ring
-            .read_batch(&self.reqs, &mut self.scratch, &mut self.res)
-            .map_err(|e| Error::io("io_uring row reads", e))?;
-        for (&r, &n) in ids.iter().zip(&self.res) {
-            if n < 0 || n as usize != rb {
-                let what = format!(
-                    "reading row {r} at offset {} of the row file (buffered, io_uring)",
-                    r * rb as u64
-                );
-                let e = match n {
-                    n if n < 0 => std::io::Error::from_raw_os_error(-n),
-                    n => std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        format!(
-                            "short read, {n} of {rb} bytes (the file is shorter than the table)"
-                        ),
-                    ),
-                };
-                return Err(Error::io(what, e));
-            }
-        }
-        out[..ids.len() * rb].copy_from_slice(&self.scratch.as_slice()[..ids.len() * rb]);
-        Ok(ids.len() as u64)
-    }
-
-    /// The descriptor the reads go through.
-    pub fn file(&self) -> &std::fs::File {
-        &self.file
-    }
-}
-
-impl Drop for UringPrefetcher {
-    fn drop(&mut self) {
-        if self.ring.poisoned() {
-            // reads may still land in the scratch buffer after the ring is gone
-            std::mem::take(&mut self.scratch).leak();
-        }
-    }
 }
 
 #[cfg(test)]
