@@ -10,7 +10,7 @@
 //!
 //! [`pipeline`] is the handle (open, submit, close: the producer side); `consume` its consumer
 //! side (waits, host views, dequant, graph entry points); `shared` what all threads share;
-//! `ahead` read ahead; [`options`].
+//! `ahead` read ahead; `trim` the residency cap's trim thread; [`options`].
 
 mod ahead;
 mod consume;
@@ -21,6 +21,7 @@ pub mod reader;
 pub mod reaper;
 mod ring;
 mod shared;
+mod trim;
 mod worker;
 
 pub use options::{ColdReads, IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};

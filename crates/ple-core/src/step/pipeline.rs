@@ -69,6 +69,8 @@ pub struct Pipeline {
     pub(super) submit_state: Mutex<SubmitState>,
     pub(super) tracker: Mutex<Tracker>,
     pub(super) worker: Option<JoinHandle<()>>,
+    /// The residency cap's `ple-trim` thread (`step::trim`; MMAP with `resident_bytes_max`).
+    pub(super) trim: Option<JoinHandle<()>>,
 }
 
 /// `slots` CPU staging slots of `slot_bytes`, their first pages touched (up to
@@ -162,6 +164,7 @@ impl Pipeline {
             .name("ple-worker".into())
             .spawn(move || worker_main(wsh, rx))
             .map_err(|e| Error::io("starting the worker thread", e))?;
+        let trim = start_trim(&sh);
         Ok(Pipeline {
             sh,
             submit_state: Mutex::new(SubmitState {
@@ -170,6 +173,7 @@ impl Pipeline {
             }),
             tracker: Mutex::new(tracker),
             worker: Some(worker),
+            trim,
         })
     }
 
@@ -444,12 +448,14 @@ impl Pipeline {
             g.begin_close(); // device waits and the worker's slot waits stop now
         }
         self.sh.ahead.stop();
+        self.sh.reader.stop_trim();
     }
 }
 
 impl Drop for Pipeline {
-    /// Stops the worker after the step it is running (queued steps are abandoned) and joins it,
-    /// then drops the pool and joins its threads. A worker that does not stop within
+    /// Stops the worker after the step it is running (queued steps are abandoned) and the trim
+    /// thread after the chunk it is dropping, and joins them, then drops the pool and joins its
+    /// threads. A worker that does not stop within
     /// [`super::reaper::CLOSE_WAIT`] (a read stalled on the device) is joined by a reaper thread instead,
     /// which then frees the rest (see `reaper`): the drop returns within about 30 ms.
     fn drop(&mut self) {
@@ -459,9 +465,11 @@ impl Drop for Pipeline {
         }
         lock(&self.submit_state).tx = None;
         self.sh.ahead.stop();
+        self.sh.reader.stop_trim();
         let ahead = lock(&self.sh.ahead.thread).take();
-        // both hold a reference to `sh`: the pool is released only after both returned
-        let mut threads = [self.worker.take(), ahead];
+        // all hold a reference to `sh`: the pool is released only after all returned (the trim
+        // thread returns after the chunk it is dropping: no storage reads)
+        let mut threads = [self.worker.take(), ahead, self.trim.take()];
         if !super::reaper::join_within(&mut threads) {
             let mut sh = self.sh.clone();
             super::reaper::hand_over(move || {
@@ -481,6 +489,25 @@ impl Drop for Pipeline {
         }
         release_pool(&mut self.sh);
     }
+}
+
+/// Starts the residency cap's `ple-trim` thread when the reader has a cap; None without a cap,
+/// or when no thread can be started (the reading threads then trim for themselves).
+fn start_trim(sh: &Arc<Shared>) -> Option<JoinHandle<()>> {
+    if !sh.reader.has_residency_cap() {
+        return None;
+    }
+    // before the spawn: no step may trim on the worker while the thread starts
+    sh.reader.set_trim_thread(true);
+    let tsh = sh.clone();
+    std::thread::Builder::new()
+        .name("ple-trim".into())
+        .spawn(move || tsh.reader.run_trim(&tsh.stats))
+        .map_err(|e| {
+            sh.reader.set_trim_thread(false);
+            log::warn!("no trim thread (the worker trims itself): {e}");
+        })
+        .ok()
 }
 
 /// Drops the gather pool and joins its threads, once `sh` is the last reference to the shared

@@ -53,8 +53,8 @@ pub struct Reader {
     /// MMAP mode: how steps of at most `COLD_READ_MAX_ROWS` rows whose pages are not cached
     /// read their rows.
     cold: ColdRead,
-    /// MMAP with `resident_bytes_max`: the table's residency cap.
-    residency: Option<Mutex<crate::io::mmap::residency::ResidencyCap>>,
+    /// MMAP with `resident_bytes_max`: the table's residency cap and its trim thread's state.
+    residency: Option<super::trim::Trim>,
 }
 
 impl Reader {
@@ -74,7 +74,7 @@ impl Reader {
         let (heads, row_base) = shard_rows(&table, opts.shard)?;
         // MMAP only: DIRECT reads bypass the page cache
         let residency = (opts.resident_bytes_max > 0 && direct.is_none()).then(|| {
-            Mutex::new(crate::io::mmap::residency::ResidencyCap::new(
+            super::trim::Trim::new(crate::io::mmap::residency::ResidencyCap::new(
                 table.bytes(),
                 opts.resident_bytes_max,
             ))
@@ -486,31 +486,52 @@ impl Reader {
         s.advice.clear();
     }
 
-    /// MMAP with a residency cap: marks the pages of `ids` used and, over the cap, drops the
-    /// least recently used chunks. Every row of a step is marked, also those a row cache or a
-    /// direct cold read served without touching the page cache: the count errs high, never low.
-    /// A failed drop is logged: the rows are unaffected.
+    /// MMAP with a residency cap: marks the pages of `ids` used and, over the cap, has the
+    /// least recently used chunks dropped — by the trim thread once [`Reader::run_trim`] runs
+    /// (past the cap's margin this waits for it), else here. Every row of a step is marked,
+    /// also those a row cache or a direct cold read served without touching the page cache:
+    /// the count errs high, never low. A failed drop is logged: the rows are unaffected.
     pub(super) fn keep_resident_within_cap(&self, ids: &[u64], stats: &Stats) {
-        let Some(r) = &self.residency else {
-            return;
-        };
-        let mut r = lock(r);
-        r.touch(ids, self.table.row_bytes());
-        if r.over() {
+        if let Some(t) = &self.residency {
             use std::os::fd::AsRawFd;
-            let t0 = Instant::now();
-            match r.trim(self.table.bytes(), self.table.file().as_raw_fd()) {
-                Ok(n) => {
-                    stats.add_resident_dropped(n);
-                    log::debug!(
-                        "residency cap: {n} bytes freed in {:?}, {} marked",
-                        t0.elapsed(),
-                        r.marked_bytes()
-                    );
-                }
-                Err(e) => log::warn!("{e}"),
-            }
+            let fd = self.table.file().as_raw_fd();
+            t.mark(ids, self.table.row_bytes(), self.table.bytes(), fd, stats);
         }
+    }
+
+    /// Whether the reader has a residency cap (and so wants a trim thread).
+    pub(super) fn has_residency_cap(&self) -> bool {
+        self.residency.is_some()
+    }
+
+    /// Whether a `ple-trim` thread runs [`Reader::run_trim`]: set before it is spawned, cleared
+    /// if that failed. While set, reading threads leave trims to it.
+    pub(super) fn set_trim_thread(&self, running: bool) {
+        if let Some(t) = &self.residency {
+            t.set_started(running);
+        }
+    }
+
+    /// The body of the `ple-trim` thread (`step::trim`): returns after [`Reader::stop_trim`].
+    pub(super) fn run_trim(&self, stats: &Stats) {
+        if let Some(t) = &self.residency {
+            use std::os::fd::AsRawFd;
+            t.run(self.table.bytes(), self.table.file().as_raw_fd(), stats);
+        }
+    }
+
+    /// Stops the trim thread (it returns after the chunk it is dropping); no trim runs after
+    /// it (the handle is closing).
+    pub(super) fn stop_trim(&self) {
+        if let Some(t) = &self.residency {
+            t.stop();
+        }
+    }
+
+    /// What the residency cap's trims have done (None: no cap).
+    #[cfg(test)]
+    pub(crate) fn trim_counts(&self) -> Option<super::trim::TrimCounts> {
+        self.residency.as_ref().map(|t| t.counts())
     }
 }
 

@@ -2,10 +2,11 @@
 //! the device, which no system call can cancel once the kernel holds its buffer) is handed to a
 //! detached `ple-reaper` thread.
 //!
-//! Invariants: the worker and the read-ahead reader (joined together) each hold their own `Arc`
-//! of the handle's shared state (table mapping, ring, io_uring, aligned read buffers,
-//! descriptors), so nothing a read in flight writes into is freed
-//! before both return from it; the reaper joins them, then drops the gather pool and
+//! Invariants: the worker, the read-ahead reader and the residency cap's trim thread (joined
+//! together) each hold their own `Arc` of the handle's shared state (table mapping, ring,
+//! io_uring, aligned read buffers, descriptors), so nothing a read in flight writes into (nor
+//! the mapping a trim drops pages of) is freed before all return from it; the trim thread
+//! reads no storage and stops after the chunk it is dropping. The reaper joins them, then drops the gather pool and
 //! joins its threads, then drops the last reference. Closing returns after at most `CLOSE_WAIT`
 //! plus the time to spawn the reaper.
 
@@ -31,7 +32,7 @@ pub fn reaped_handles() -> u64 {
 }
 
 /// Waits up to [`CLOSE_WAIT`] in all for every thread in `threads` (the worker, the read-ahead
-/// reader) to finish; true when all did (they are then joined and taken). On false, the ones
+/// reader, the trim thread) to finish; true when all did (they are then joined and taken). On false, the ones
 /// still running stay in `threads` for the reaper.
 pub(super) fn join_within(threads: &mut [Option<JoinHandle<()>>]) -> bool {
     let t0 = Instant::now();

@@ -1,0 +1,219 @@
+//! The residency cap off the step's path: a handle with `resident_bytes_max` (MMAP) runs its
+//! trims on a `ple-trim` thread of its own. The reading threads (the worker, the read-ahead
+//! reader) only mark a step's pages ([`Trim::mark`], microseconds) and wake the thread when
+//! the marked pages pass the cap; the thread picks the victims under the lock (a partial
+//! selection, `ResidencyCap::pick`), drops them with the lock released, and commits the outcome
+//! under it again.
+//!
+//! Invariants:
+//! - Residency stays within the cap plus `residency::MARGIN` of it: a reading thread that finds the marked
+//!   pages past that waits (at most [`WAIT_MAX`]) until trims bring them back under it or
+//!   back off (nothing could be freed), or the handle closes. Without the thread (it could not be
+//!   started, or a [`Reader`](super::Reader) used on its own) the marking thread trims itself,
+//!   as soon as the cap is passed.
+//! - The thread does no storage reads: `madvise`, `posix_fadvise` and `mincore` on the mapping
+//!   only. It checks the stop flag between chunks (a chunk's drop takes well under a
+//!   millisecond to a few), so a close joins it within its bound (`reaper::CLOSE_WAIT`).
+//! - Dropping a chunk while a reader copies rows from it is sound: on a shared read-only file
+//!   mapping the drop only removes page-table entries and clean page-cache pages, and a reader
+//!   touching the range faults the same file bytes back in (`sys::drop_cached`); the count
+//!   stays right because a read is marked after it is made (see `io::mmap::residency`).
+
+use crate::io::mmap::residency::{self, ResidencyCap};
+use crate::stats::Stats;
+use crate::sync::{lock, wait, wait_timeout};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// The longest a reading thread waits for the trim thread past the margin (a bound on the
+/// wait, not an expected time: a pass takes milliseconds).
+pub(super) const WAIT_MAX: Duration = Duration::from_secs(1);
+
+struct Inner {
+    cap: ResidencyCap,
+    /// A reading thread found a trim due since the thread last looked.
+    wanted: bool,
+    /// The thread is in a pass (between its pick and its commit).
+    busy: bool,
+}
+
+/// A handle's residency cap and the state its trim thread and its reading threads share.
+pub(super) struct Trim {
+    inner: Mutex<Inner>,
+    /// Wakes the trim thread.
+    wake: Condvar,
+    /// Wakes reading threads waiting past the margin, after each pass (and at stop).
+    settled: Condvar,
+    /// Set once the thread runs; until then (and if it never does) readers trim themselves.
+    started: AtomicBool,
+    stop: AtomicBool,
+    /// Trims run by a reading thread (no trim thread).
+    reader_trims: AtomicU64,
+    /// Passes of the trim thread that dropped chunks.
+    thread_passes: AtomicU64,
+    /// Times a reading thread waited past the margin.
+    waits: AtomicU64,
+}
+
+/// What the trim of a handle has done (tests, logs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TrimCounts {
+    pub(crate) reader_trims: u64,
+    pub(crate) thread_passes: u64,
+    pub(crate) waits: u64,
+}
+
+impl Trim {
+    pub(super) fn new(cap: ResidencyCap) -> Trim {
+        Trim {
+            inner: Mutex::new(Inner {
+                cap,
+                wanted: false,
+                busy: false,
+            }),
+            wake: Condvar::new(),
+            settled: Condvar::new(),
+            started: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            reader_trims: AtomicU64::new(0),
+            thread_passes: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn counts(&self) -> TrimCounts {
+        TrimCounts {
+            reader_trims: self.reader_trims.load(Ordering::Relaxed),
+            thread_passes: self.thread_passes.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Reading threads: marks the pages of rows `ids` (of `row_bytes`) used; over the cap, wakes
+    /// the trim thread, and past the margin waits for it (see the module doc). Without a
+    /// running trim thread, trims here. `map`/`fd`: the table's mapping and file.
+    pub(super) fn mark(&self, ids: &[u64], row_bytes: usize, map: &[u8], fd: RawFd, stats: &Stats) {
+        let mut g = lock(&self.inner);
+        g.cap.touch(ids, row_bytes);
+        // a closing handle trims no more (its mapping goes soon)
+        if !g.cap.due() || self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if !self.started.load(Ordering::Acquire) {
+            self.reader_trims.fetch_add(1, Ordering::Relaxed);
+            let t0 = Instant::now();
+            match g.cap.trim(map, fd) {
+                Ok(n) => {
+                    stats.add_resident_dropped(n);
+                    log::debug!(
+                        "residency cap: {n} bytes freed in {:?} on the reading thread, {} marked",
+                        t0.elapsed(),
+                        g.cap.marked_bytes()
+                    );
+                }
+                Err(e) => log::warn!("{e}"),
+            }
+            return;
+        }
+        if !g.wanted {
+            g.wanted = true;
+            self.wake.notify_one();
+        }
+        if !g.cap.over_margin() {
+            return;
+        }
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let t0 = Instant::now();
+        while g.cap.over_margin() && g.cap.due() && !self.stop.load(Ordering::Acquire) {
+            // a pass that ended without bringing the count under the margin (its victims were
+            // read again meanwhile) is followed by another
+            if !g.wanted && !g.busy {
+                g.wanted = true;
+                self.wake.notify_one();
+            }
+            let Some(left) = WAIT_MAX.checked_sub(t0.elapsed()) else {
+                log::warn!("residency cap: the trim thread lags past {WAIT_MAX:?}");
+                break;
+            };
+            g = wait_timeout(&self.settled, g, left).0;
+        }
+    }
+
+    /// Whether a trim thread runs (set before it is spawned, cleared if the spawn failed):
+    /// while it does, reading threads leave trims to it.
+    pub(super) fn set_started(&self, yes: bool) {
+        self.started.store(yes, Ordering::Release);
+    }
+
+    /// Asks the trim thread to stop (it returns after the chunk it is dropping) and releases
+    /// reading threads waiting for it; no trim runs after it (the handle is closing).
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        // under the lock, so a thread between its check and its wait cannot miss it
+        let _g = lock(&self.inner);
+        self.wake.notify_all();
+        self.settled.notify_all();
+    }
+
+    /// The trim thread's loop, until [`Trim::stop`]: one pass per wake-up while a trim is due.
+    pub(super) fn run(&self, map: &[u8], fd: RawFd, stats: &Stats) {
+        let mut g = lock(&self.inner);
+        loop {
+            while !g.wanted && !self.stop.load(Ordering::Acquire) {
+                g = wait(&self.wake, g);
+            }
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            g.wanted = false;
+            let t0 = Instant::now();
+            let victims = g.cap.pick();
+            if victims.is_empty() {
+                self.settled.notify_all();
+                continue;
+            }
+            let picked = t0.elapsed();
+            g.busy = true;
+            drop(g);
+            // the lock released: readers keep marking (and reading) while the chunks go
+            let mut resident = Vec::with_capacity(victims.len());
+            for v in &victims {
+                if self.stop.load(Ordering::Acquire) {
+                    break;
+                }
+                match residency::drop_chunk(map, fd, v.chunk) {
+                    Ok(r) => resident.push(r),
+                    Err(e) => {
+                        log::warn!("{e}");
+                        break;
+                    }
+                }
+            }
+            g = lock(&self.inner);
+            // only the victims dropped are committed (zip stops at the shorter)
+            let n = g.cap.commit(&victims, &resident);
+            g.busy = false;
+            stats.add_resident_dropped(n);
+            self.thread_passes.fetch_add(1, Ordering::Relaxed);
+            log::debug!(
+                "residency cap: {n} bytes freed in {:?} ({} of {} chunks; picked in {picked:?}) \
+                 on the trim thread, {} marked",
+                t0.elapsed(),
+                resident.len(),
+                victims.len(),
+                g.cap.marked_bytes()
+            );
+            // marks made during the pass may call for another (not after a pass that freed
+            // nothing: the next mark wakes the thread)
+            if n > 0 {
+                g.wanted |= g.cap.due();
+            }
+            self.settled.notify_all();
+        }
+        drop(g);
+        self.settled.notify_all();
+        log::debug!("residency cap: the trim thread stops ({:?})", self.counts());
+    }
+}
