@@ -3,7 +3,7 @@
 //! reader) only mark a step's pages ([`Trim::mark`], microseconds) and wake the thread when
 //! the marked pages pass the cap; the thread picks the victims under the lock (a partial
 //! selection, `ResidencyCap::pick`), drops them with the lock released, and commits the outcome
-//! under it again.
+//! under it every [`COMMIT_EVERY`] chunks, so the count falls while the pass runs.
 //!
 //! Invariants:
 //! - Residency stays within the cap plus `residency::MARGIN` of it: a reading thread that finds the marked
@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 /// The longest a reading thread waits for the trim thread past the margin (a bound on the
 /// wait, not an expected time: a pass takes milliseconds).
 pub(super) const WAIT_MAX: Duration = Duration::from_secs(1);
+
+/// Victims dropped between two commits of a pass (a commit holds the lock for microseconds).
+const COMMIT_EVERY: usize = 32;
 
 struct Inner {
     cap: ResidencyCap,
@@ -177,31 +180,42 @@ impl Trim {
             let picked = t0.elapsed();
             g.busy = true;
             drop(g);
-            // the lock released: readers keep marking (and reading) while the chunks go
-            let mut resident = Vec::with_capacity(victims.len());
-            for v in &victims {
-                if self.stop.load(Ordering::Acquire) {
-                    break;
-                }
-                match residency::drop_chunk(map, fd, v.chunk) {
-                    Ok(r) => resident.push(r),
-                    Err(e) => {
-                        log::warn!("{e}");
-                        break;
+            // the lock released: readers keep marking (and reading) while the chunks go; each
+            // part is committed at once, so the count (and a reader's wait) falls as they go
+            let mut pass = residency::Committed::default();
+            let mut done = 0;
+            let mut resident = Vec::with_capacity(COMMIT_EVERY);
+            let mut failed = false;
+            while done < victims.len() && !failed && !self.stop.load(Ordering::Acquire) {
+                let part = &victims[done..(done + COMMIT_EVERY).min(victims.len())];
+                resident.clear();
+                for v in part {
+                    match residency::drop_chunk(map, fd, v.chunk) {
+                        Ok(r) => resident.push(r),
+                        Err(e) => {
+                            log::warn!("{e}");
+                            failed = true;
+                            break;
+                        }
                     }
                 }
+                // only the victims dropped are committed (zip stops at the shorter)
+                let mut g = lock(&self.inner);
+                let c = g.cap.commit_part(part, &resident);
+                stats.add_resident_dropped(c.freed);
+                pass.add(c);
+                done += resident.len();
+                self.settled.notify_all();
             }
             g = lock(&self.inner);
-            // only the victims dropped are committed (zip stops at the shorter)
-            let n = g.cap.commit(&victims, &resident);
+            g.cap.end_pass(pass);
+            let n = pass.freed;
             g.busy = false;
-            stats.add_resident_dropped(n);
             self.thread_passes.fetch_add(1, Ordering::Relaxed);
             log::debug!(
-                "residency cap: {n} bytes freed in {:?} ({} of {} chunks; picked in {picked:?}) \
-                 on the trim thread, {} marked",
+                "residency cap: {n} bytes freed in {:?} ({done} of {} chunks; picked in \
+                 {picked:?}) on the trim thread, {} marked",
                 t0.elapsed(),
-                resident.len(),
                 victims.len(),
                 g.cap.marked_bytes()
             );

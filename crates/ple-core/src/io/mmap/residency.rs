@@ -34,6 +34,21 @@ pub const RETRY_STEPS: u64 = 64;
 /// thread catches up; past it the marking thread waits for the trim (`step::trim`).
 pub const MARGIN: f64 = 0.05;
 
+/// What committing victims did: the bytes of marked pages freed, and whether a victim stayed
+/// cached though not read again.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Committed {
+    pub freed: u64,
+    pub stuck: bool,
+}
+
+impl Committed {
+    pub fn add(&mut self, o: Committed) {
+        self.freed += o.freed;
+        self.stuck |= o.stuck;
+    }
+}
+
 /// A chunk chosen by [`ResidencyCap::pick`], with its last-use stamp at the choice.
 #[derive(Debug, Clone, Copy)]
 pub struct Victim {
@@ -202,16 +217,23 @@ impl ResidencyCap {
     }
 
     /// Records the outcome of dropping `victims[i]` (`still_resident[i]`: `mincore` found a
-    /// page of it cached after the drop); returns the bytes of the marked pages freed.
+    /// page of it cached after the drop) and ends the pass ([`ResidencyCap::end_pass`]);
+    /// returns the bytes of the marked pages freed.
+    pub fn commit(&mut self, victims: &[Victim], still_resident: &[bool]) -> u64 {
+        let part = self.commit_part(victims, still_resident);
+        self.end_pass(part);
+        part.freed
+    }
+
+    /// [`ResidencyCap::commit`] of some of a pass's victims (a pass may commit in parts, so the
+    /// count falls while it runs), without ending the pass.
     ///
     /// A victim whose stamp changed since [`ResidencyCap::pick`] was read again meanwhile (its
     /// pages may have been faulted back after the drop): it stays marked, the count errs high.
     /// One still resident with its stamp unchanged (dirty pages, or a read not yet marked)
-    /// stays marked as the oldest. A pass that freed nothing though such a victim was left
-    /// makes the next [`RETRY_STEPS`] steps not trim.
-    pub fn commit(&mut self, victims: &[Victim], still_resident: &[bool]) -> u64 {
-        let mut freed = 0u64;
-        let mut stuck = false;
+    /// stays marked as the oldest.
+    pub fn commit_part(&mut self, victims: &[Victim], still_resident: &[bool]) -> Committed {
+        let mut part = Committed::default();
         for (v, &res) in victims.iter().zip(still_resident) {
             let c = v.chunk as usize;
             if self.stamps[c] != v.stamp {
@@ -219,20 +241,25 @@ impl ResidencyCap {
             }
             if res {
                 self.stamps[c] = 1;
-                stuck = true;
+                part.stuck = true;
                 continue;
             }
             let marked = self.marked_in(c);
             self.pages[c * self.words..(c + 1) * self.words].fill(0);
             self.stamps[c] = 0;
             self.live -= marked;
-            freed += (marked * self.page) as u64;
+            part.freed += (marked * self.page) as u64;
         }
-        if freed == 0 && stuck {
+        self.dropped_bytes += part.freed;
+        part
+    }
+
+    /// Ends a pass whose parts committed `pass` in all: one that freed nothing though a victim
+    /// stayed cached makes the next [`RETRY_STEPS`] steps not trim.
+    pub fn end_pass(&mut self, pass: Committed) {
+        if pass.freed == 0 && pass.stuck {
             self.retry_at = self.tick + RETRY_STEPS;
         }
-        self.dropped_bytes += freed;
-        freed
     }
 
     /// Drops the least recently used chunks until [`TRIM_TO`] of the cap is marked
