@@ -160,6 +160,17 @@ fn modes() -> Vec<(&'static str, ple_options)> {
             }),
         ),
         (
+            // every step's pages pass the cap: the ple-trim thread drops chunks while the
+            // reads fail or stall
+            "mmap, gathered, residency cap",
+            options(|o| {
+                o.io_mode = PLE_IO_MMAP;
+                o.prefetch_policy = PLE_PREFETCH_NEVER;
+                o.cache_bytes = 0;
+                o.resident_bytes_max = 4096;
+            }),
+        ),
+        (
             "direct",
             options(|o| {
                 o.io_mode = PLE_IO_DIRECT;

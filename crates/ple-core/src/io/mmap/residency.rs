@@ -34,18 +34,21 @@ pub const RETRY_STEPS: u64 = 64;
 /// thread catches up; past it the marking thread waits for the trim (`step::trim`).
 pub const MARGIN: f64 = 0.05;
 
-/// What committing victims did: the bytes of marked pages freed, and whether a victim stayed
-/// cached though not read again.
+/// What committing victims did: the bytes of marked pages freed, whether a victim stayed
+/// cached though not read again, and (set by the caller) whether a drop failed, which ended the
+/// pass early.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Committed {
     pub freed: u64,
     pub stuck: bool,
+    pub failed: bool,
 }
 
 impl Committed {
     pub fn add(&mut self, o: Committed) {
         self.freed += o.freed;
         self.stuck |= o.stuck;
+        self.failed |= o.failed;
     }
 }
 
@@ -255,9 +258,11 @@ impl ResidencyCap {
     }
 
     /// Ends a pass whose parts committed `pass` in all: one that freed nothing though a victim
-    /// stayed cached makes the next [`RETRY_STEPS`] steps not trim.
+    /// stayed cached, or whose drop failed, makes the next [`RETRY_STEPS`] steps not trim (so
+    /// a drop that keeps failing costs one pass per that many steps, and a reading thread
+    /// waiting past the margin is released: no trim is due).
     pub fn end_pass(&mut self, pass: Committed) {
-        if pass.freed == 0 && pass.stuck {
+        if pass.freed == 0 && (pass.stuck || pass.failed) {
             self.retry_at = self.tick + RETRY_STEPS;
         }
     }
@@ -269,14 +274,26 @@ impl ResidencyCap {
     /// pages stay cached after the drop (dirty pages not yet written back: a table written
     /// moments ago) stays marked as the oldest, and a pass that frees nothing makes the next
     /// [`RETRY_STEPS`] steps not trim, so a table that cannot be freed yet costs one pass per
-    /// that many steps, not one per step.
-    pub fn trim(&mut self, map: &[u8], fd: std::os::fd::RawFd) -> Result<u64> {
+    /// that many steps, not one per step. A failed drop ends the pass: the victims dropped
+    /// before it are committed (their bytes are in the count returned) and the error is
+    /// returned beside it.
+    pub fn trim(&mut self, map: &[u8], fd: std::os::fd::RawFd) -> (u64, Result<()>) {
         let victims = self.pick();
         let mut resident = Vec::with_capacity(victims.len());
+        let mut res = Ok(());
         for v in &victims {
-            resident.push(drop_chunk(map, fd, v.chunk)?);
+            match drop_chunk(map, fd, v.chunk) {
+                Ok(r) => resident.push(r),
+                Err(e) => {
+                    res = Err(e);
+                    break;
+                }
+            }
         }
-        Ok(self.commit(&victims, &resident))
+        let mut pass = self.commit_part(&victims, &resident);
+        pass.failed = res.is_err();
+        self.end_pass(pass);
+        (pass.freed, res)
     }
 
     /// Bytes of the marked pages (the cap's bound on the table's residency).
@@ -338,7 +355,8 @@ mod tests {
         }
         assert_eq!(cap.marked_bytes(), 6 * page as u64);
         assert!(cap.over());
-        let dropped = cap.trim(&m, fd).unwrap();
+        let (dropped, res) = cap.trim(&m, fd);
+        res.unwrap();
         // 6 pages marked, a cap of 4, trimmed to 90% of it: 3 kept, the 3 oldest chunks dropped
         assert_eq!(dropped, 3 * page as u64);
         assert_eq!(cap.marked_bytes(), 3 * page as u64);
@@ -362,7 +380,7 @@ mod tests {
         let mut cap = ResidencyCap::new(&m, 2 * CHUNK_BYTES as u64);
         assert_eq!(cap.marked_bytes(), 6 * CHUNK_BYTES as u64);
         cap.touch(&[(5 * CHUNK_BYTES / 100) as u64], 100);
-        cap.trim(&m, fd).unwrap();
+        cap.trim(&m, fd).1.unwrap();
         // 90% of 2 chunks keeps 1: the one just used
         assert_eq!(resident_chunks(&m), vec![5]);
     }
@@ -399,6 +417,29 @@ mod tests {
         // chunk 0 stays marked (it is resident again): 0, 3, 4, 5
         assert_eq!(cap.marked_bytes(), 4 * page as u64);
         assert_eq!(resident_chunks(&m), vec![0, 3, 4, 5]);
+    }
+
+    /// A drop that fails (a descriptor `POSIX_FADV_DONTNEED` refuses) ends the pass with the
+    /// error, frees nothing it did not drop, and puts the next trim off [`RETRY_STEPS`] steps.
+    #[test]
+    fn a_failed_drop_is_returned_and_puts_the_next_trim_off() {
+        let (f, m) = file(8);
+        let page = crate::sys::os_page_size();
+        crate::sys::drop_cached(&m, f.as_file().as_raw_fd(), 0, m.len()).unwrap();
+        let mut cap = ResidencyCap::new(&m, 4 * page as u64);
+        let rb = 1000usize;
+        let rows: Vec<u64> = (0..6).map(|c| (c * CHUNK_BYTES / rb + 1) as u64).collect();
+        cap.touch(&rows, rb);
+        assert!(cap.due());
+        let (freed, res) = cap.trim(&m, -1);
+        assert!(res.is_err());
+        assert_eq!(freed, 0);
+        assert_eq!(cap.marked_bytes(), 6 * page as u64);
+        for _ in 0..RETRY_STEPS {
+            assert!(!cap.due());
+            cap.touch(&[], rb);
+        }
+        assert!(cap.due());
     }
 
     #[test]
