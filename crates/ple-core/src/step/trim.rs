@@ -59,7 +59,7 @@ pub(super) struct Trim {
     stop: AtomicBool,
     /// Trims run by a reading thread (no trim thread).
     reader_trims: AtomicU64,
-    /// Passes of the trim thread that dropped chunks.
+    /// Passes of the trim thread that had victims (also one a failure or a stop ended early).
     thread_passes: AtomicU64,
     /// Times a reading thread waited past the margin.
     waits: AtomicU64,
