@@ -307,9 +307,10 @@ typedef struct ple_options {
   // rows, or 262,144 without a cache. Appended in 0.1.x.
   uint64_t ahead_max_rows;
   // MMAP: the most bytes of the table the page cache holds for this handle; above it the least
-  // recently used parts of the row file are dropped after a step
-  // (`ple_counters.resident_dropped_bytes`). 0 (the default): no cap. Ignored in DIRECT mode.
-  // Appended in 0.1.x.
+  // recently used parts of the row file are dropped by a background thread of the handle
+  // (`ple_counters.resident_dropped_bytes`); a step waits for the drops only while the
+  // table's residency is more than 5% above the cap. 0 (the default): no cap. Ignored in
+  // DIRECT mode. Appended in 0.1.x.
   uint64_t resident_bytes_max;
 } ple_options;
 
