@@ -37,7 +37,8 @@ class FaultFs(fuse.Operations):
 
     def _faults(self):
         try:
-            m = os.stat(self.ctl).st_mtime_ns
+            st = os.stat(self.ctl)
+            m = (st.st_mtime_ns, st.st_ino, st.st_size)
         except FileNotFoundError:
             m = None
         with self._mu:

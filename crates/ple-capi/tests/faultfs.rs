@@ -56,6 +56,12 @@ struct Fs {
     mnt: PathBuf,
     ctl: PathBuf,
     child: Child,
+    /// The control file's last modification time (faultfs.py reloads it when this changes).
+    ctl_mtime: std::cell::Cell<std::time::SystemTime>,
+}
+
+fn mtime(p: &Path) -> std::time::SystemTime {
+    std::fs::metadata(p).unwrap().modified().unwrap()
 }
 
 impl Fs {
@@ -82,15 +88,28 @@ impl Fs {
         Fs {
             _base: base,
             mnt,
+            ctl_mtime: std::cell::Cell::new(mtime(&ctl)),
             ctl,
             child,
         }
     }
 
     /// Sets the fault (JSON, see scripts/faultfs.py); `{}` clears it.
+    ///
+    /// faultfs.py sees a new spec by its file's modification time, which the kernel takes from a
+    /// clock that advances a tick at a time (and later than that on a loaded VM): the new file is
+    /// written again until its time differs from the last spec's, so no change goes unseen.
     fn set(&self, spec: &str) {
         let tmp = self.ctl.with_extension("new");
-        std::fs::write(&tmp, spec).unwrap();
+        loop {
+            std::fs::write(&tmp, spec).unwrap();
+            let m = mtime(&tmp);
+            if m > self.ctl_mtime.get() {
+                self.ctl_mtime.set(m);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         std::fs::rename(&tmp, &self.ctl).unwrap();
         std::thread::sleep(Duration::from_millis(5));
     }
