@@ -254,3 +254,79 @@ fn direct_without_a_cache_drops_every_row_and_bad_input_is_an_error() {
         Err(Error::State(_))
     ));
 }
+
+/// A handle whose read-ahead reader stands in for a slow device: `us` per row read.
+fn slow_reader(dir: &Path, us: u64) -> Pipeline {
+    let p = open_with(dir, |o| {
+        o.io_mode = IoMode::Mmap;
+        o.cache_bytes = 8 << 20;
+    })
+    .unwrap();
+    p.ahead_test()
+        .delay_per_row_us
+        .store(us, std::sync::atomic::Ordering::SeqCst);
+    p
+}
+
+#[test]
+fn on_a_slow_device_the_reader_reads_a_few_rows_per_batch() {
+    let format = RowFormat::Nvfp4;
+    let d = temp_table(format);
+    // 500 µs per read, no latency: 4 rows take 2 ms, over the 1 ms a batch may add to the
+    // device's latency, so the reader keeps to the fewest rows, or twice that as it probes (the
+    // fastest batch, 4 rows, is taken for the latency)
+    let p = slow_reader(d.path(), 500);
+    let st = Step::new(77, 6);
+    p.prefetch_ahead(&st.batch()).unwrap();
+    assert!(p.wait_ahead_idle(IDLE));
+    let log = crate::sync::lock(&p.ahead_test().batches).clone();
+    let rows: Vec<usize> = log.iter().map(|b| b.rows).collect();
+    assert_eq!(rows.iter().sum::<usize>(), 6 * 16, "{rows:?}");
+    let min = super::super::ahead::AHEAD_MIN_ROWS_FOR_TESTS;
+    assert!(rows.iter().all(|&n| n <= 2 * min), "{rows:?}");
+    let c = p.counters();
+    assert_eq!(c.ahead_read, 96, "{c:?}");
+    assert!(balanced(&c), "{c:?}");
+    // the rows read ahead are the table's, and the step finds them all in the cache
+    step(&p, 1, &st, format).unwrap();
+    let c = p.counters();
+    assert_eq!((c.cache_misses, c.ahead_hits), (0, 96), "{c:?}");
+}
+
+#[test]
+fn a_step_submitted_while_a_slow_read_ahead_runs_is_behind_at_most_one_short_batch() {
+    let format = RowFormat::Nvfp4;
+    let d = temp_table(format);
+    // 2 ms per read: 256 rows ahead are ~0.5 s of reads, 8 to 16 ms per batch of 4 to 8
+    let p = slow_reader(d.path(), 2000);
+    p.prefetch_ahead(&Step::new(91, 16).batch()).unwrap();
+    let steps = 12u64;
+    for seq in 1..=steps {
+        std::thread::sleep(Duration::from_millis(3));
+        step(&p, seq, &Step::new(1000 + seq, 2), format).unwrap();
+    }
+    assert!(p.wait_ahead_idle(IDLE));
+    let log = crate::sync::lock(&p.ahead_test().batches).clone();
+    assert!(log.len() >= 2, "the reader ran beside the steps: {log:?}");
+    let min = super::super::ahead::AHEAD_MIN_ROWS_FOR_TESTS;
+    assert!(
+        log.iter().all(|b| b.rows <= 2 * min),
+        "short batches: {log:?}"
+    );
+    for seq in 1..=steps {
+        // the batches step `seq` was behind: in flight when it was submitted, or begun while it
+        // was submitted and not done (a step found pending holds the next batch back)
+        let behind: Vec<_> = log
+            .iter()
+            .filter(|b| {
+                let in_flight = b.submitted_before < seq && b.submitted_after >= seq;
+                let begun = b.submitted_before >= seq && b.done_before < seq;
+                in_flight || begun
+            })
+            .collect();
+        assert!(behind.len() <= 1, "step {seq} behind {behind:?}");
+    }
+    let c = p.counters();
+    assert_eq!(c.ahead_asked, 256, "{c:?}");
+    assert!(balanced(&c), "{c:?}");
+}
