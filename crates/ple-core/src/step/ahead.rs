@@ -158,7 +158,10 @@ impl Shared {
 
     /// Worker, before a step's cache lookups: counts the step's rows that a read-ahead admitted
     /// and the cache still holds (they are about to be hits) as `ahead_hits`, and forgets
-    /// their marks. Costs nothing while no mark is held.
+    /// their marks. Costs nothing while no mark is held, and never waits for the reader: while
+    /// it holds the marks' lock (inserting a batch, or growing or clearing the set: up to
+    /// milliseconds at a niced thread's pace) the step counts nothing (`ahead_hits` may
+    /// undercount, its marks stay for a later step).
     pub(super) fn count_ahead_hits(&self, ids: &[u64]) {
         let (Some(c), a) = (&self.reader.cache, &self.ahead) else {
             return;
@@ -166,7 +169,12 @@ impl Shared {
         if a.marks_len.load(Relaxed) == 0 {
             return;
         }
-        let mut m = lock(&a.marks);
+        let mut m = match a.marks.try_lock() {
+            Ok(m) => m,
+            Err(std::sync::TryLockError::WouldBlock) => return,
+            // (a poisoned lock is recovered where every other one is)
+            Err(std::sync::TryLockError::Poisoned(_)) => lock(&a.marks),
+        };
         let hits = ids
             .iter()
             .filter(|&&id| m.remove(&id) && c.contains(id))
