@@ -169,11 +169,8 @@ impl Shared {
         if a.marks_len.load(Relaxed) == 0 {
             return;
         }
-        let mut m = match a.marks.try_lock() {
-            Ok(m) => m,
-            Err(std::sync::TryLockError::WouldBlock) => return,
-            // (a poisoned lock is recovered where every other one is)
-            Err(std::sync::TryLockError::Poisoned(_)) => lock(&a.marks),
+        let Some(mut m) = sync::try_lock(&a.marks) else {
+            return;
         };
         let hits = ids
             .iter()
@@ -395,6 +392,12 @@ impl super::pipeline::Pipeline {
     #[cfg(test)]
     pub(super) fn ahead_test(&self) -> &TestReader {
         &self.sh.ahead.test
+    }
+
+    /// Tests only: holds the marks' lock as the reader does while it inserts a batch's ids.
+    #[cfg(test)]
+    pub(super) fn hold_ahead_marks(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        lock(&self.sh.ahead.marks)
     }
 
     /// Waits up to `timeout` until the read-ahead queue is drained (every row asked is read,

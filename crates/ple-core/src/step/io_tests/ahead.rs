@@ -98,6 +98,43 @@ fn a_step_read_ahead_misses_nothing_in_the_cache() {
 }
 
 #[test]
+fn a_step_never_waits_for_the_marks_lock_and_its_hits_count_later() {
+    let format = RowFormat::Nvfp4;
+    let d = temp_table(format);
+    let p = open_with(d.path(), |o| {
+        o.io_mode = IoMode::Mmap;
+        o.cache_bytes = 8 << 20;
+    })
+    .unwrap();
+    let st = Step::new(41, 10);
+    p.prefetch_ahead(&st.batch()).unwrap();
+    assert!(p.wait_ahead_idle(IDLE));
+    let rows = 10 * 16;
+    let c = p.counters();
+    let read = c.ahead_read;
+    assert_eq!(
+        read + c.ahead_cached,
+        rows,
+        "(a row twice in the step is read once)"
+    );
+    // while the lock is held (the reader inserting a batch) a step completes, counting no hits
+    let held = p.hold_ahead_marks();
+    p.submit(&st.batch(), 1).unwrap();
+    p.wait(1, 2_000_000)
+        .expect("the step does not wait for the marks' lock");
+    p.release_step(1).unwrap();
+    let c = p.counters();
+    assert_eq!((c.cache_hits, c.ahead_hits), (rows, 0), "{c:?}");
+    drop(held);
+    // its marks stay: the next step with those rows counts them, once
+    step(&p, 2, &st, format).unwrap();
+    step(&p, 3, &st, format).unwrap();
+    let c = p.counters();
+    assert_eq!((c.cache_hits, c.ahead_hits), (3 * rows, read), "{c:?}");
+    assert!(balanced(&c), "{c:?}");
+}
+
+#[test]
 fn tracked_read_ahead_changes_no_history() {
     let format = RowFormat::Nvfp4;
     let d = temp_table(format);
