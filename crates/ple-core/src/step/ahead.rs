@@ -8,9 +8,10 @@
 //! sized by [`sizer`] to take at most [`AHEAD_BATCH_TARGET`] at the device's speed it measures
 //! (4 to 64 rows). Right before each batch's reads it waits while a submitted step is not yet done
 //! (`submitted > done`), so a step waits for at most the one short batch of reads in flight when
-//! it was submitted. The reader has its own descriptors (its own io_uring), never the worker's,
-//! and holds no lock the worker takes while it reads or admits rows (the marks' lock only to
-//! insert a batch's ids), so its low priority never holds a step back.
+//! it was submitted. The reader has its own descriptors (its own io_uring), never the worker's.
+//! While it reads it holds no lock; it admits rows as a step's misses are inserted (a row cache
+//! shard's lock per row, which a lookup takes only after its lock-free tries fail), and holds the
+//! marks' lock only to insert a batch's ids, which the worker never waits for (`try_lock`).
 //!
 //! Invariants: read-ahead only fills caches (a step's rows are read or copied as without it);
 //! the queue holds at most `cap` rows, the oldest dropped beyond it; once the queue is drained,
