@@ -11,13 +11,23 @@
 //! Recovering keeps one panicking call from making the whole handle unusable (every later call
 //! would panic in turn at the C boundary).
 
-use std::sync::{Condvar, LockResult, Mutex, MutexGuard, WaitTimeoutResult};
+use std::sync::{Condvar, LockResult, Mutex, MutexGuard, TryLockError, WaitTimeoutResult};
 use std::time::Duration;
 
 /// Locks `m`, recovering the guard if the lock is poisoned (see the module doc for why that is
 /// safe here).
 pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     recover(m.lock())
+}
+
+/// Locks `m` if no other thread holds it (`None` if one does), recovering the guard if the lock
+/// is poisoned (see the module doc).
+pub fn try_lock<T: ?Sized>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }
 
 /// The value a `Mutex` held, even if it is poisoned (see the module doc).
@@ -69,7 +79,10 @@ mod tests {
         assert!(r.is_err());
         assert!(m.is_poisoned());
         assert_eq!(*lock(&m), 8);
-        *lock(&m) += 1;
+        *try_lock(&m).expect("poisoned, not held") += 1;
+        let held = lock(&m);
+        assert!(try_lock(&m).is_none(), "held");
+        drop(held);
         let cv = Condvar::new();
         let (g, to) = wait_timeout(&cv, lock(&m), Duration::from_millis(1));
         assert!(to.timed_out());

@@ -4,10 +4,14 @@
 //!
 //! Threading: the caller hashes the batch (reading tracked history, changing none, claiming no
 //! ring slot) and appends its row ids to a bounded queue; a dedicated reader thread per handle
-//! (`ple-ahead`, started on the first call, niced to 10) takes them `AHEAD_BATCH_ROWS` at a time.
-//! Before each batch it waits while a submitted step is not yet done (`submitted > done`), so a
-//! step waits for at most the one batch of reads in flight when it was submitted. The reader has
-//! its own descriptors (its own io_uring), never the worker's.
+//! (`ple-ahead`, started on the first call, niced to 10) takes them a batch at a time, the batch
+//! sized by [`sizer`] to take at most [`AHEAD_BATCH_TARGET`] at the device's speed it measures
+//! (4 to 64 rows). Right before each batch's reads it waits while a submitted step is not yet done
+//! (`submitted > done`), so a step waits for at most the one short batch of reads in flight when
+//! it was submitted. The reader has its own descriptors (its own io_uring), never the worker's.
+//! While it reads it holds no lock; it admits rows as a step's misses are inserted (a row cache
+//! shard's lock per row, which a lookup takes only after its lock-free tries fail), and holds the
+//! marks' lock only to insert a batch's ids, which the worker never waits for (`try_lock`).
 //!
 //! Invariants: read-ahead only fills caches (a step's rows are read or copied as without it);
 //! the queue holds at most `cap` rows, the oldest dropped beyond it; once the queue is drained,
@@ -24,10 +28,12 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Rows read per batch: a step submitted meanwhile waits for at most these reads.
-pub(super) const AHEAD_BATCH_ROWS: usize = 64;
+mod sizer;
+use sizer::{AHEAD_BATCH_TARGET, AHEAD_MAX_ROWS, AHEAD_MIN_ROWS, BatchSizer};
+#[cfg(test)]
+pub(super) const AHEAD_MIN_ROWS_FOR_TESTS: usize = AHEAD_MIN_ROWS;
 /// Queue bound of an MMAP handle without a row cache when `ahead_max_rows` is 0 (about 2.4 s of
 /// reads at 100k IOPS; 2 MiB of ids).
 pub(super) const AHEAD_DEFAULT_ROWS_NO_CACHE: usize = 1 << 18;
@@ -45,6 +51,29 @@ pub(super) struct Ahead {
     marks: Mutex<HashSet<u64>>,
     marks_len: AtomicUsize,
     pub(super) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    #[cfg(test)]
+    pub(super) test: TestReader,
+}
+
+/// Tests only: a delay per row read (a slow device without timing a real one) and a log of the
+/// batches read.
+#[cfg(test)]
+#[derive(Default)]
+pub(super) struct TestReader {
+    pub(super) delay_per_row_us: std::sync::atomic::AtomicU64,
+    pub(super) batches: Mutex<Vec<BatchLog>>,
+}
+
+/// Tests only: a batch the reader read.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BatchLog {
+    pub(super) rows: usize,
+    /// The highest seq submitted and `done` when its reads began.
+    pub(super) submitted_before: u64,
+    pub(super) done_before: u64,
+    /// The highest seq submitted when its reads ended.
+    pub(super) submitted_after: u64,
 }
 
 #[derive(Default)]
@@ -62,6 +91,8 @@ impl Ahead {
             marks: Mutex::new(HashSet::new()),
             marks_len: AtomicUsize::new(0),
             thread: Mutex::new(None),
+            #[cfg(test)]
+            test: TestReader::default(),
         }
     }
 
@@ -128,7 +159,10 @@ impl Shared {
 
     /// Worker, before a step's cache lookups: counts the step's rows that a read-ahead admitted
     /// and the cache still holds (they are about to be hits) as `ahead_hits`, and forgets
-    /// their marks. Costs nothing while no mark is held.
+    /// their marks. Costs nothing while no mark is held, and never waits for the reader: while
+    /// it holds the marks' lock (inserting a batch, or growing or clearing the set: up to
+    /// milliseconds at a niced thread's pace) the step counts nothing (`ahead_hits` may
+    /// undercount, its marks stay for a later step).
     pub(super) fn count_ahead_hits(&self, ids: &[u64]) {
         let (Some(c), a) = (&self.reader.cache, &self.ahead) else {
             return;
@@ -136,7 +170,9 @@ impl Shared {
         if a.marks_len.load(Relaxed) == 0 {
             return;
         }
-        let mut m = lock(&a.marks);
+        let Some(mut m) = sync::try_lock(&a.marks) else {
+            return;
+        };
         let hits = ids
             .iter()
             .filter(|&&id| m.remove(&id) && c.contains(id))
@@ -215,20 +251,26 @@ fn lower_priority() {
     }
 }
 
+/// Waits while a submitted step is not done (or until the handle closes).
+fn wait_for_steps(sh: &Shared) {
+    while sh.step_pending() && !sh.completion.closing() {
+        std::thread::sleep(STEP_POLL);
+    }
+}
+
 fn ahead_main(sh: Arc<Shared>) {
     lower_priority();
     let rb = sh.reader.table.row_bytes();
     let mut source = Source::open(&sh);
-    let mut batch: Vec<u64> = Vec::with_capacity(AHEAD_BATCH_ROWS);
-    let mut misses: Vec<u64> = Vec::with_capacity(AHEAD_BATCH_ROWS);
-    let mut buf = vec![0u8; AHEAD_BATCH_ROWS * rb];
+    let mut sizer = BatchSizer::new(AHEAD_BATCH_TARGET, AHEAD_MIN_ROWS, AHEAD_MAX_ROWS);
+    let mut batch: Vec<u64> = Vec::with_capacity(AHEAD_MAX_ROWS);
+    let mut misses: Vec<u64> = Vec::with_capacity(AHEAD_MAX_ROWS);
+    let mut buf = vec![0u8; AHEAD_MAX_ROWS * rb];
     let st = &sh.stats;
     let a = &sh.ahead;
     loop {
-        // submitted steps first
-        while sh.step_pending() && !sh.completion.closing() {
-            std::thread::sleep(STEP_POLL);
-        }
+        // submitted steps first (the queue keeps its rows meanwhile: the bound drops the oldest)
+        wait_for_steps(&sh);
         {
             let mut q = lock(&a.q);
             loop {
@@ -245,7 +287,7 @@ fn ahead_main(sh: Arc<Shared>) {
             if sh.step_pending() {
                 continue; // (woken while a step waits: the step first)
             }
-            let n = q.rows.len().min(AHEAD_BATCH_ROWS);
+            let n = q.rows.len().min(sizer.rows());
             batch.clear();
             batch.extend(q.rows.drain(..n));
         }
@@ -261,18 +303,27 @@ fn ahead_main(sh: Arc<Shared>) {
         if misses.is_empty() {
             continue;
         }
+        // and again right before the reads: a step is behind at most the batch read from here on
+        wait_for_steps(&sh);
         let out = &mut buf[..misses.len() * rb];
-        match source.read(&sh, &misses, out) {
+        let t0 = Instant::now();
+        #[cfg(test)]
+        a.test.read_begins(&sh, misses.len());
+        let read = source.read(&sh, &misses, out);
+        sizer.record(misses.len(), t0.elapsed());
+        #[cfg(test)]
+        a.test.read_ends(&sh);
+        match read {
             Ok(()) => {
                 if let Some(c) = &sh.reader.cache {
+                    for (&id, row) in misses.iter().zip(out.chunks_exact(rb)) {
+                        c.admit(id, row);
+                    }
                     let mut m = lock(&a.marks);
                     if m.len() + misses.len() > a.cap {
                         m.clear();
                     }
-                    for (&id, row) in misses.iter().zip(out.chunks_exact(rb)) {
-                        c.admit(id, row);
-                        m.insert(id);
-                    }
+                    m.extend(misses.iter().copied());
                     a.marks_len.store(m.len(), Relaxed);
                 }
                 st.ahead_read.fetch_add(misses.len() as u64, Relaxed);
@@ -285,6 +336,30 @@ fn ahead_main(sh: Arc<Shared>) {
                 log::debug!("read-ahead of {} rows: {e}", misses.len());
                 st.ahead_dropped.fetch_add(misses.len() as u64, Relaxed);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+impl TestReader {
+    /// Logs a batch of `rows` reads beginning, then stands in for a slow device.
+    fn read_begins(&self, sh: &Shared, rows: usize) {
+        let submitted = sh.submitted.load(Acquire);
+        lock(&self.batches).push(BatchLog {
+            rows,
+            submitted_before: submitted,
+            done_before: sh.completion.done(),
+            submitted_after: submitted,
+        });
+        let d = self.delay_per_row_us.load(Relaxed);
+        if d > 0 {
+            std::thread::sleep(Duration::from_micros(d * rows as u64));
+        }
+    }
+
+    fn read_ends(&self, sh: &Shared) {
+        if let Some(b) = lock(&self.batches).last_mut() {
+            b.submitted_after = sh.submitted.load(Acquire);
         }
     }
 }
@@ -312,6 +387,18 @@ impl super::pipeline::Pipeline {
     /// [`prefetch_ahead`](Self::prefetch_ahead) of a per-token batch (`ple_prefetch_ahead_tokens`).
     pub fn prefetch_ahead_tokens(&self, g: &crate::lookup::tokens::Grouped) -> Result<()> {
         self.prefetch_ahead(&g.batch())
+    }
+
+    /// Tests only: the reader's injected delay and its log of batches.
+    #[cfg(test)]
+    pub(super) fn ahead_test(&self) -> &TestReader {
+        &self.sh.ahead.test
+    }
+
+    /// Tests only: holds the marks' lock as the reader does while it inserts a batch's ids.
+    #[cfg(test)]
+    pub(super) fn hold_ahead_marks(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        lock(&self.sh.ahead.marks)
     }
 
     /// Waits up to `timeout` until the read-ahead queue is drained (every row asked is read,

@@ -18,6 +18,8 @@ use ple_testkit::corpus::Corpus;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+mod p99;
+
 /// Options of `ple bench <table_dir> --engine`.
 #[derive(Args, Debug)]
 #[command(next_help_heading = "Engine loop (--engine)")]
@@ -48,18 +50,22 @@ pub struct EngineArgs {
     pub decode_requests: usize,
     #[arg(long, default_value_t = 4)]
     pub drafts: usize,
-    /// --engine: row cache of the DIRECT handles (MiB); steps timed for the p99 check.
+    /// --engine: row cache of the DIRECT handles (MiB); steps timed for the p99 check, idle and
+    /// busy each; rounds of idle then busy steps they are timed in (1: one idle block, then one
+    /// busy block).
     #[arg(long, default_value_t = 256)]
     pub engine_cache_mib: u64,
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 2000)]
     pub p99_steps: usize,
+    #[arg(long, default_value_t = 20)]
+    pub p99_rounds: usize,
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn open(a: &BenchArgs) -> Result<Pipeline> {
+pub(super) fn open(a: &BenchArgs) -> Result<Pipeline> {
     let o = OpenOptions {
         num_threads: a.threads,
         io_mode: IoMode::Direct,
@@ -89,11 +95,6 @@ fn engine_step(
     p.release_step(seq)?;
     std::thread::sleep(after);
     Ok(w)
-}
-
-fn p99(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 * 0.99) as usize).min(v.len() - 1)]
 }
 
 /// The table's hash parameters and corpus, and the device's 512 B IOPS at QD64 (printed).
@@ -301,47 +302,5 @@ pub(super) fn run(a: &BenchArgs) -> Result<()> {
         }
     }
     r.print(e);
-    cached_p99(a, &corpus, &prompt_shape, eos)
-}
-
-/// p99 of a cached step while read-ahead runs vs idle.
-fn cached_p99(a: &BenchArgs, corpus: &Corpus, prompt_shape: &Shape, eos: i32) -> Result<()> {
-    let p = open(a)?;
-    let dshape = Shape {
-        name: "p99".into(),
-        reqs: 8,
-        toks: 1,
-        steps: 1,
-    };
-    let st = &make_steps(corpus, &dshape, 900, eos)[0];
-    let mut seq = 0u64;
-    let mut time = |p: &Pipeline, n: usize| -> Result<Vec<f64>> {
-        let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            seq += 1;
-            let t = Instant::now();
-            p.submit(&st.batch(), seq)?;
-            p.wait(seq, u64::MAX)?;
-            v.push(ms(t.elapsed()) * 1e3);
-            p.release_step(seq)?;
-            std::thread::sleep(Duration::from_micros(500));
-        }
-        Ok(v)
-    };
-    time(&p, 10)?;
-    let mut idle = time(&p, a.engine.p99_steps)?;
-    let bg = make_steps(corpus, prompt_shape, 999, eos);
-    for b in &bg {
-        p.prefetch_ahead(&b.batch())?;
-    }
-    let mut busy = time(&p, a.engine.p99_steps)?;
-    let c = p.counters();
-    println!(
-        "cached 8x1 step: p99 idle {:.1} µs, while read-ahead runs {:.1} µs, ratio {:.3} (target <= 1.2); ahead rows read meanwhile {}",
-        p99(&mut idle),
-        p99(&mut busy),
-        p99(&mut busy.clone()) / p99(&mut idle.clone()).max(1e-9),
-        c.ahead_read
-    );
-    Ok(())
+    p99::cached_p99(a, &corpus, eos)
 }

@@ -98,6 +98,43 @@ fn a_step_read_ahead_misses_nothing_in_the_cache() {
 }
 
 #[test]
+fn a_step_never_waits_for_the_marks_lock_and_its_hits_count_later() {
+    let format = RowFormat::Nvfp4;
+    let d = temp_table(format);
+    let p = open_with(d.path(), |o| {
+        o.io_mode = IoMode::Mmap;
+        o.cache_bytes = 8 << 20;
+    })
+    .unwrap();
+    let st = Step::new(41, 10);
+    p.prefetch_ahead(&st.batch()).unwrap();
+    assert!(p.wait_ahead_idle(IDLE));
+    let rows = 10 * 16;
+    let c = p.counters();
+    let read = c.ahead_read;
+    assert_eq!(
+        read + c.ahead_cached,
+        rows,
+        "(a row twice in the step is read once)"
+    );
+    // while the lock is held (the reader inserting a batch) a step completes, counting no hits
+    let held = p.hold_ahead_marks();
+    p.submit(&st.batch(), 1).unwrap();
+    p.wait(1, 2_000_000)
+        .expect("the step does not wait for the marks' lock");
+    p.release_step(1).unwrap();
+    let c = p.counters();
+    assert_eq!((c.cache_hits, c.ahead_hits), (rows, 0), "{c:?}");
+    drop(held);
+    // its marks stay: the next step with those rows counts them, once
+    step(&p, 2, &st, format).unwrap();
+    step(&p, 3, &st, format).unwrap();
+    let c = p.counters();
+    assert_eq!((c.cache_hits, c.ahead_hits), (3 * rows, read), "{c:?}");
+    assert!(balanced(&c), "{c:?}");
+}
+
+#[test]
 fn tracked_read_ahead_changes_no_history() {
     let format = RowFormat::Nvfp4;
     let d = temp_table(format);
@@ -253,4 +290,80 @@ fn direct_without_a_cache_drops_every_row_and_bad_input_is_an_error() {
         p.prefetch_ahead(&st.batch()),
         Err(Error::State(_))
     ));
+}
+
+/// A handle whose read-ahead reader stands in for a slow device: `us` per row read.
+fn slow_reader(dir: &Path, us: u64) -> Pipeline {
+    let p = open_with(dir, |o| {
+        o.io_mode = IoMode::Mmap;
+        o.cache_bytes = 8 << 20;
+    })
+    .unwrap();
+    p.ahead_test()
+        .delay_per_row_us
+        .store(us, std::sync::atomic::Ordering::SeqCst);
+    p
+}
+
+#[test]
+fn on_a_slow_device_the_reader_reads_a_few_rows_per_batch() {
+    let format = RowFormat::Nvfp4;
+    let d = temp_table(format);
+    // 500 µs per read, no latency: 4 rows take 2 ms, over the 1 ms a batch may add to the
+    // device's latency, so the reader keeps to the fewest rows, or twice that as it probes (the
+    // fastest batch, 4 rows, is taken for the latency)
+    let p = slow_reader(d.path(), 500);
+    let st = Step::new(77, 6);
+    p.prefetch_ahead(&st.batch()).unwrap();
+    assert!(p.wait_ahead_idle(IDLE));
+    let log = crate::sync::lock(&p.ahead_test().batches).clone();
+    let rows: Vec<usize> = log.iter().map(|b| b.rows).collect();
+    assert_eq!(rows.iter().sum::<usize>(), 6 * 16, "{rows:?}");
+    let min = super::super::ahead::AHEAD_MIN_ROWS_FOR_TESTS;
+    assert!(rows.iter().all(|&n| n <= 2 * min), "{rows:?}");
+    let c = p.counters();
+    assert_eq!(c.ahead_read, 96, "{c:?}");
+    assert!(balanced(&c), "{c:?}");
+    // the rows read ahead are the table's, and the step finds them all in the cache
+    step(&p, 1, &st, format).unwrap();
+    let c = p.counters();
+    assert_eq!((c.cache_misses, c.ahead_hits), (0, 96), "{c:?}");
+}
+
+#[test]
+fn a_step_submitted_while_a_slow_read_ahead_runs_is_behind_at_most_one_short_batch() {
+    let format = RowFormat::Nvfp4;
+    let d = temp_table(format);
+    // 2 ms per read: 256 rows ahead are ~0.5 s of reads, 8 to 16 ms per batch of 4 to 8
+    let p = slow_reader(d.path(), 2000);
+    p.prefetch_ahead(&Step::new(91, 16).batch()).unwrap();
+    let steps = 12u64;
+    for seq in 1..=steps {
+        std::thread::sleep(Duration::from_millis(3));
+        step(&p, seq, &Step::new(1000 + seq, 2), format).unwrap();
+    }
+    assert!(p.wait_ahead_idle(IDLE));
+    let log = crate::sync::lock(&p.ahead_test().batches).clone();
+    assert!(log.len() >= 2, "the reader ran beside the steps: {log:?}");
+    let min = super::super::ahead::AHEAD_MIN_ROWS_FOR_TESTS;
+    assert!(
+        log.iter().all(|b| b.rows <= 2 * min),
+        "short batches: {log:?}"
+    );
+    for seq in 1..=steps {
+        // the batches step `seq` was behind: in flight when it was submitted, or begun while it
+        // was submitted and not done (a step found pending holds the next batch back)
+        let behind: Vec<_> = log
+            .iter()
+            .filter(|b| {
+                let in_flight = b.submitted_before < seq && b.submitted_after >= seq;
+                let begun = b.submitted_before >= seq && b.done_before < seq;
+                in_flight || begun
+            })
+            .collect();
+        assert!(behind.len() <= 1, "step {seq} behind {behind:?}");
+    }
+    let c = p.counters();
+    assert_eq!(c.ahead_asked, 256, "{c:?}");
+    assert!(balanced(&c), "{c:?}");
 }

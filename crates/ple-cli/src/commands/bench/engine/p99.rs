@@ -1,0 +1,117 @@
+//! The p99 check of `ple bench --engine`: a cached 8 × 1 step submitted while read-ahead runs
+//! against the same step idle. The two are timed in `--p99-rounds` alternating blocks (idle, then
+//! busy) so that the machine's other load, whose tails dwarf the reader's on a shared VM, falls on
+//! both alike. A busy block queues read-ahead
+//! of new text a piece at a time, whenever the queue is drained, so every step of it is submitted
+//! with rows queued or in flight; the queue is drained before the next idle block.
+
+use super::super::BenchArgs;
+use super::super::steps::{Shape, Step, make_steps};
+use super::{ms, open};
+use ple_core::error::Result;
+use ple_core::step::Pipeline;
+use ple_testkit::corpus::Corpus;
+use std::time::{Duration, Instant};
+
+/// Tokens of new text per piece of read-ahead (16 rows each): ~14 ms of reads at 72k IOPS.
+const PIECE_TOKENS: usize = 64;
+/// Pieces generated at a time (one stream each time).
+const PIECES: usize = 64;
+/// Pause between timed steps.
+const GAP: Duration = Duration::from_micros(500);
+/// Longest wait for the queue to drain after a busy block.
+const DRAIN: Duration = Duration::from_secs(120);
+
+/// The nearest-rank 99th (or `q`-th) percentile of `v` (not empty).
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 * q) as usize).min(v.len() - 1)]
+}
+
+/// New text for the reader, a piece at a time (no piece repeats another's rows but by chance).
+struct Pieces<'a> {
+    corpus: &'a Corpus,
+    eos: i32,
+    next_seed: u64,
+    left: Vec<Step>,
+}
+
+impl Pieces<'_> {
+    fn next(&mut self) -> Step {
+        if self.left.is_empty() {
+            let shape = Shape {
+                name: "ahead".into(),
+                reqs: 1,
+                toks: PIECE_TOKENS,
+                steps: PIECES,
+            };
+            self.left = make_steps(self.corpus, &shape, self.next_seed, self.eos);
+            self.left.reverse();
+            self.next_seed += 1;
+        }
+        self.left.pop().expect("a shape of PIECES steps")
+    }
+}
+
+/// One timed step: submit + wait (µs).
+fn time_step(p: &Pipeline, st: &Step, seq: u64) -> Result<f64> {
+    let t = Instant::now();
+    p.submit(&st.batch(), seq)?;
+    p.wait(seq, u64::MAX)?;
+    let us = ms(t.elapsed()) * 1e3;
+    p.release_step(seq)?;
+    std::thread::sleep(GAP);
+    Ok(us)
+}
+
+pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()> {
+    let e = &a.engine;
+    let p = open(a)?;
+    let shape = Shape {
+        name: "p99".into(),
+        reqs: 8,
+        toks: 1,
+        steps: 1,
+    };
+    let st = &make_steps(corpus, &shape, 900, eos)[0];
+    let mut pieces = Pieces {
+        corpus,
+        eos,
+        next_seed: 999,
+        left: Vec::new(),
+    };
+    let rounds = e.p99_rounds.max(1);
+    let per = e.p99_steps.div_ceil(rounds).max(1);
+    let mut seq = 0u64;
+    for _ in 0..10 {
+        seq += 1;
+        time_step(&p, st, seq)?; // warm-up: the step's rows into the cache
+    }
+    let (mut idle, mut busy) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for _ in 0..per {
+            seq += 1;
+            idle.push(time_step(&p, st, seq)?);
+        }
+        for _ in 0..per {
+            if p.wait_ahead_idle(Duration::ZERO) {
+                p.prefetch_ahead(&pieces.next().batch())?;
+            }
+            seq += 1;
+            busy.push(time_step(&p, st, seq)?);
+        }
+        if !p.wait_ahead_idle(DRAIN) {
+            println!("(read-ahead not drained after {DRAIN:?}: the next idle block is not idle)");
+        }
+    }
+    let c = p.counters();
+    let (i99, b99) = (pct(&mut idle, 0.99), pct(&mut busy, 0.99));
+    println!(
+        "cached 8x1 step, {rounds} rounds of {per} idle then {per} busy steps: p99 idle {i99:.1} µs, while read-ahead runs {b99:.1} µs, ratio {:.3} (target <= 1.2); p50 {:.1} / {:.1} µs; ahead rows read meanwhile {}",
+        b99 / i99.max(1e-9),
+        pct(&mut idle, 0.5),
+        pct(&mut busy, 0.5),
+        c.ahead_read
+    );
+    Ok(())
+}
