@@ -8,7 +8,7 @@
 //! `cargo bench --bench row_cache` (add `-- --quick` for a short run).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ple_core::io::cache::RowCache;
+use ple_core::io::cache::{Pages, Policy, RowCache};
 use ple_core::io::mmap::gather::gather_serial;
 use ple_core::model::splitmix64;
 use std::hint::black_box;
@@ -21,13 +21,17 @@ fn bench(c: &mut Criterion) {
     let table: Vec<u8> = (0..TABLE_ROWS as usize * RB)
         .map(|i| splitmix64(i as u64) as u8)
         .collect();
-    let cache = RowCache::new(64 << 20, RB).unwrap();
     // the cache full of other rows, then the step's rows inserted and hit once
+    let filled = |pages| {
+        let cache = RowCache::with_pages(64 << 20, RB, Policy::default(), pages).unwrap();
+        for i in 0..cache.capacity_rows() as u64 {
+            let id = splitmix64(i ^ 0xABCD) % TABLE_ROWS;
+            cache.insert(id, &table[id as usize * RB..][..RB]);
+        }
+        cache
+    };
+    let (cache, base) = (filled(Pages::Huge), filled(Pages::Base));
     let mut row = vec![0u8; RB];
-    for i in 0..cache.capacity_rows() as u64 {
-        let id = splitmix64(i ^ 0xABCD) % TABLE_ROWS;
-        cache.insert(id, &table[id as usize * RB..][..RB]);
-    }
     let ids: Vec<u64> = (0..STEP_ROWS as u64)
         .map(|i| splitmix64(i) % TABLE_ROWS)
         .collect();
@@ -36,7 +40,7 @@ fn bench(c: &mut Criterion) {
             cache.insert(id, &table[id as usize * RB..][..RB]);
         }
     }
-    side_by_side(&cache, &table);
+    side_by_side(&cache, &base, &table);
     let mut out = vec![0u8; STEP_ROWS * RB];
     let mut g = c.benchmark_group("decode step of 64 tokens, all rows cached");
     g.throughput(Throughput::Elements(STEP_ROWS as u64));
@@ -83,18 +87,19 @@ fn bench(c: &mut Criterion) {
     misses(c);
 }
 
-/// ns per row of the three ways of copying the same rows, timed in alternating rounds (a shared
+/// ns per row of the ways of copying the same rows, timed in alternating rounds (a shared
 /// machine's drift hits all alike): lookups one at a time, the same with the index line of the
 /// row 6 ahead prefetched (what `read_through` did before `lookup_batch`), `lookup_batch` (what a
-/// step does now), and the copy from the
-/// table (MMAP's warm gather, without the page tables). Steps of `rows` rows, cached (the cache
-/// is 64 MiB): "hot", the same step again and again (its lines stay in the CPU's caches); "cold
-/// lines", each step another of 256 (262,144 rows: its lines come from memory, as a real
-/// step's do).
-fn side_by_side(cache: &RowCache, table: &[u8]) {
+/// step does now), `lookup_batch` on a cache of base pages (`base`: without the huge-page
+/// advice), and the copy from the table (MMAP's warm gather; the table is a heap vector, which
+/// gets base pages). Steps of `rows` rows, cached (each cache is 64 MiB): "hot", the same step
+/// again and again (its lines stay in the CPU's caches); "cold lines", each step another of 256
+/// (262,144 rows: its lines come from memory, as a real step's do).
+fn side_by_side(cache: &RowCache, base: &RowCache, table: &[u8]) {
     use std::time::Instant;
     println!(
-        "hit path vs mapped copy, ns per row (median of 15 alternating rounds; min in brackets):"
+        "hit path vs mapped copy, ns per row (median of 15 alternating rounds; min in brackets); the cache's huge pages: {} MiB of 64:",
+        cache.huge_page_bytes().unwrap_or(0) >> 20
     );
     for (rows, steps) in [(128usize, 1usize), (1024, 1), (128, 2048), (1024, 256)] {
         let all: Vec<Vec<u64>> = (0..steps as u64)
@@ -105,17 +110,19 @@ fn side_by_side(cache: &RowCache, table: &[u8]) {
             })
             .collect();
         let mut row = vec![0u8; RB];
-        for ids in &all {
-            for &id in ids {
-                if !cache.lookup(id, &mut row) {
-                    cache.insert(id, &table[id as usize * RB..][..RB]);
+        for c in [cache, base] {
+            for ids in &all {
+                for &id in ids {
+                    if !c.lookup(id, &mut row) {
+                        c.insert(id, &table[id as usize * RB..][..RB]);
+                    }
                 }
             }
         }
         let mut out = vec![0u8; rows * RB];
         // each round times `reps` steps of each way
         let reps = (256 * 1024 / rows).max(steps);
-        let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         let mut missed = 0u64;
         for _ in 0..15 {
             for (w, t) in t.iter_mut().enumerate() {
@@ -138,8 +145,9 @@ fn side_by_side(cache: &RowCache, table: &[u8]) {
                                 missed += !cache.lookup(black_box(id), o) as u64;
                             }
                         }
-                        2 => {
-                            let h = cache.lookup_batch(black_box(ids), &mut out, |_, _| ());
+                        2 | 3 => {
+                            let c = if w == 2 { cache } else { base };
+                            let h = c.lookup_batch(black_box(ids), &mut out, |_, _| ());
                             missed += rows as u64 - h;
                         }
                         _ => gather_serial(black_box(table), RB, ids, &mut out).unwrap(),
@@ -152,11 +160,11 @@ fn side_by_side(cache: &RowCache, table: &[u8]) {
             v.sort_by(f64::total_cmp);
             format!("{:.1} [{:.1}]", v[v.len() / 2], v[0])
         };
-        let [a, p, b, m] = &mut t;
-        let (a, p, b, m) = (fig(a), fig(p), fig(b), fig(m));
+        let [a, p, b, s, m] = &mut t;
+        let (a, p, b, s, m) = (fig(a), fig(p), fig(b), fig(s), fig(m));
         let what = if steps == 1 { "hot" } else { "cold lines" };
         println!(
-            "  steps of {rows:>4} rows, {what:<10}: lookup {a} | lookup, index prefetched 6 ahead {p} | lookup_batch {b} | mapped copy {m}{}",
+            "  steps of {rows:>4} rows, {what:<10}: lookup {a} | lookup, index prefetched 6 ahead {p} | lookup_batch {b} | lookup_batch, base pages {s} | mapped copy {m}{}",
             if missed > 0 {
                 format!(" ({missed} lookups missed)")
             } else {
@@ -198,7 +206,7 @@ fn misses(c: &mut Criterion) {
                 &ids,
                 &mut out,
                 &mut scratch,
-                None,
+                ple_core::io::cache::Lookups::Here,
                 |m, o| {
                     for (o, &id) in o.chunks_exact_mut(RB).zip(m) {
                         fill(id, o);

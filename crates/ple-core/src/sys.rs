@@ -208,6 +208,44 @@ fn meminfo_bytes(key: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// What `/proc/self/smaps` says of the mapping holding `addr`: its `VmFlags` (e.g. `hg` for
+/// `MADV_HUGEPAGE`) and its `AnonHugePages` in bytes; None if no mapping holds it or the file is
+/// unreadable.
+pub fn smaps_of(addr: usize) -> Option<(String, u64)> {
+    let text = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut found: Option<(String, u64)> = None;
+    for line in text.lines() {
+        // a mapping's first line: "lo-hi perms offset dev inode [path]"
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = head.split_once('-') {
+            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                if found.is_some() {
+                    break;
+                }
+                if lo <= addr && addr < hi {
+                    found = Some((String::new(), 0));
+                }
+                continue;
+            }
+        }
+        if let Some((flags, huge)) = found.as_mut() {
+            if let Some(f) = line.strip_prefix("VmFlags:") {
+                *flags = f.trim().to_string();
+            } else if let Some(kb) = line.strip_prefix("AnonHugePages:") {
+                *huge = kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()?
+                    * 1024;
+            }
+        }
+    }
+    found
+}
+
 /// The system page size.
 pub fn os_page_size() -> usize {
     // SAFETY: sysconf has no preconditions.

@@ -46,6 +46,8 @@ pub struct Reader {
     pool_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
     /// The row cache (`cache_bytes > 0`): steps read through it.
     pub(super) cache: Option<RowCache>,
+    /// DIRECT with a cache: where a big step's lookups run (measured).
+    placement: cache::Placement,
     /// Its `cache_bytes` (AUTO resolved; 0: no cache).
     cache_budget: u64,
     /// DIRECT mode's reader (None: MMAP mode). The lock is uncontended (one reading thread).
@@ -91,6 +93,7 @@ impl Reader {
             pool_threads: Arc::default(),
             cache: None,
             cache_budget: 0,
+            placement: cache::Placement::default(),
             direct,
             cold,
             residency,
@@ -445,7 +448,7 @@ impl Reader {
                 &s.ids,
                 staging,
                 &mut s.read_through,
-                Some(self.pool()),
+                cache::Lookups::Measured(self.pool(), &self.placement),
                 |m, o| lock(d).read_rows(m, o),
             )?;
             rec.cache_hits = hits;

@@ -144,14 +144,19 @@ impl Shard {
         self.probe(h, |_| true).map_or(NONE, |(_, s)| s)
     }
 
-    /// Prefetches `slot`'s header and row lines.
+    /// Prefetches `slot`'s header and row lines (an address past the slab is harmless: a hint
+    /// never faults).
     #[inline(always)]
     fn hint_slot(&self, slot: u32) {
-        if (slot as usize) < self.cap {
-            let a = self.hdr(slot) as *const AtomicU64 as usize;
-            for line in (a & !63..a + self.stride * 8).step_by(64) {
-                hint_line(line);
-            }
+        let a = self.slab.as_ptr() as usize + slot as usize * self.stride * 8;
+        let end = a + self.stride * 8;
+        // the first two lines without a loop (an NVFP4 slot, 104 bytes, spans two or three)
+        hint_line(a);
+        hint_line(a + 64);
+        let mut line = (a & !63) + 128;
+        while line < end {
+            hint_line(line);
+            line += 64;
         }
     }
 }

@@ -1,10 +1,13 @@
 //! The gather through the row cache (the seam a direct-read mode takes over for its misses).
 
 use super::RowCache;
+use super::placement::Placement;
 use crate::error::Result;
+use crate::io::mmap::gather::runs_on_pool;
 use crate::stats::{IoDelta, measure};
 use crate::sync;
 use std::sync::Mutex;
+use std::time::Instant;
 
 /// How many rows ahead a batch hints the cache's memory for ([`RowCache::hint`]).
 const PREFETCH_AHEAD: usize = 6;
@@ -112,17 +115,28 @@ fn lookups(cache: &RowCache, ids: &[u64], out: &mut [u8], first: usize, miss_pos
     cache.lookup_batch(ids, out, |i, _| miss_pos.push(first + i));
 }
 
+/// Where [`read_through`]'s lookups of a big set run.
+#[derive(Clone, Copy)]
+pub enum Lookups<'a> {
+    /// On the calling thread.
+    Here,
+    /// Split over the pool in chunks, as the plain gather does.
+    Pool(&'a rayon::ThreadPool),
+    /// Where `Placement` measured them cheaper (and the time recorded there).
+    Measured(&'a rayon::ThreadPool, &'a Placement),
+}
+
 /// Fills `out` with rows `ids` (laid out as [`gather`](crate::io::mmap::gather::gather)) through
-/// `cache`: cached rows are copied from it (on `pool`, in chunks, for a big set, as the plain
-/// gather does); the others are read together by `read_misses` (ids, their output buffer), copied
-/// into place and inserted. Returns what `read_misses` returned (None when every row was cached)
-/// and the hit count; misses = `ids.len()` - hits.
+/// `cache`: cached rows are copied from it (where `lookups` says, for a big set); the others are
+/// read together by `read_misses` (ids, their output buffer), copied into place and inserted.
+/// Returns what `read_misses` returned (None when every row was cached) and the hit count;
+/// misses = `ids.len()` - hits.
 pub fn read_through<R>(
     cache: &RowCache,
     ids: &[u64],
     out: &mut [u8],
     scratch: &mut ReadThroughScratch,
-    pool: Option<&rayon::ThreadPool>,
+    lookups_on: Lookups,
     read_misses: impl FnOnce(&[u64], &mut [u8]) -> Result<R>,
 ) -> Result<(Option<R>, u64)> {
     let rb = cache.row_bytes();
@@ -133,8 +147,14 @@ pub fn read_through<R>(
     s.miss_ids.clear();
     s.miss_pos.clear();
     let out = &mut out[..ids.len() * rb];
+    let pool = match lookups_on {
+        Lookups::Here => None,
+        Lookups::Pool(pool) => Some(pool).filter(|p| runs_on_pool(ids.len(), p)),
+        Lookups::Measured(pool, pl) => Some(pool).filter(|p| pl.choose(ids.len(), p)),
+    };
+    let t0 = Instant::now();
     match pool {
-        Some(pool) if crate::io::mmap::gather::runs_on_pool(ids.len(), pool) => {
+        Some(pool) => {
             let chunk = crate::io::mmap::gather::pool_chunk(ids.len(), pool);
             // each chunk's misses in its own list, joined in chunk order
             let mut parts: Vec<Vec<usize>> = vec![Vec::new(); ids.len().div_ceil(chunk)];
@@ -146,7 +166,10 @@ pub fn read_through<R>(
             });
             parts.iter().for_each(|p| s.miss_pos.extend_from_slice(p));
         }
-        _ => lookups(cache, ids, out, 0, &mut s.miss_pos),
+        None => lookups(cache, ids, out, 0, &mut s.miss_pos),
+    }
+    if let Lookups::Measured(_, pl) = lookups_on {
+        pl.record(ids.len(), pool.is_some(), t0.elapsed());
     }
     s.miss_ids.extend(s.miss_pos.iter().map(|&i| ids[i]));
     let hits = (ids.len() - s.miss_ids.len()) as u64;

@@ -2,7 +2,8 @@
 //!
 //! # Memory
 //! Everything is allocated once, in [`RowCache::new`]; inserting or evicting a row allocates
-//! nothing. Each cached row costs [`RowCache::bytes_per_row`] bytes: the row itself padded to
+//! nothing. The index and the slots, what lookups read, share one mapping advised for 2 MiB
+//! pages (`arena.rs`: a lookup's two random reads then rarely miss the TLB). Each cached row costs [`RowCache::bytes_per_row`] bytes: the row itself padded to
 //! whole 8-byte words, an 8-byte header in front of it (row id and policy bits: the id check and
 //! the copy touch the same cache lines), a 4-byte queue link, 4/3 × 8 bytes of index (an
 //! open-addressed table at load ≤ 0.75 whose entries carry 40 bits of the row's hash beside the
@@ -143,6 +144,9 @@ pub struct RowCache {
     capacity_rows: usize,
     bytes_per_row: f64,
     counts: Counts,
+    /// The shards' index and slot words (their `Words` views point into it): declared after
+    /// `shards`, so it is dropped after them.
+    arena: Arena,
 }
 
 /// Hits and misses, added once per batch by the callers (so sharing their cache line costs
@@ -196,11 +200,12 @@ impl Fifo {
 struct Shard {
     /// Even while no writer is inside; a writer makes it odd, then even again (+2 in all).
     seq: AtomicU64,
-    /// Open-addressed index: [`entry`]`(hash, slot)`, [`NO_ENTRY`] if empty.
-    index: Box<[AtomicU64]>,
+    /// Open-addressed index: [`entry`]`(hash, slot)`, [`NO_ENTRY`] if empty (in the arena).
+    index: Words,
     /// `cap` slots of `stride` words: the header (`id << 8 | policy bits`, EMPTY if never
-    /// filled), then the row (little-endian within each word, the last word padded).
-    slab: Box<[AtomicU64]>,
+    /// filled), then the row (little-endian within each word, the last word padded) (in the
+    /// arena).
+    slab: Words,
     stride: usize,
     cap: usize,
     sieve: bool,
@@ -264,6 +269,17 @@ impl RowCache {
 
     /// [`RowCache::new`] with a chosen policy.
     pub fn with_policy(cache_bytes: u64, row_bytes: usize, policy: Policy) -> Result<RowCache> {
+        RowCache::with_pages(cache_bytes, row_bytes, policy, Pages::default())
+    }
+
+    /// [`RowCache::with_policy`] with the index and slots on the pages `pages` asks for
+    /// (benchmarks compare both).
+    pub fn with_pages(
+        cache_bytes: u64,
+        row_bytes: usize,
+        policy: Policy,
+        pages: Pages,
+    ) -> Result<RowCache> {
         if row_bytes == 0 {
             return crate::invalid!("row cache: row_bytes is 0");
         }
@@ -289,9 +305,18 @@ impl RowCache {
                 MAX_SHARD_ROWS * MAX_SHARDS
             );
         }
+        let (index_len, slab_len) = Shard::words(per_shard, row_bytes);
+        let per_words = index_len + slab_len;
+        let arena = Arena::new(nshards * per_words, pages)?;
         let mut shards = Vec::with_capacity(nshards);
-        for _ in 0..nshards {
-            shards.push(Padded(Shard::new(per_shard, row_bytes, policy)?));
+        for i in 0..nshards {
+            let (index, slab) = (
+                arena.words(i * per_words, index_len),
+                arena.words(i * per_words + index_len, slab_len),
+            );
+            shards.push(Padded(Shard::new(
+                per_shard, row_bytes, policy, index, slab,
+            )?));
         }
         Ok(RowCache {
             shards: shards.into_boxed_slice(),
@@ -301,6 +326,7 @@ impl RowCache {
             capacity_rows: per_shard * nshards,
             bytes_per_row: per_row,
             counts: Counts::default(),
+            arena,
         })
     }
 
@@ -320,6 +346,11 @@ impl RowCache {
     }
     pub fn num_shards(&self) -> usize {
         self.shards.len()
+    }
+    /// Bytes of the cache's index and slots the kernel backs with huge pages now
+    /// (`AnonHugePages` of its mapping; None where `/proc/self/smaps` cannot tell).
+    pub fn huge_page_bytes(&self) -> Option<u64> {
+        crate::sys::smaps_of(self.arena.span().0).map(|(_, b)| b)
     }
     /// Bytes the cache allocated (all of it, at construction): at most the `cache_bytes` given.
     pub fn allocated_bytes(&self) -> u64 {
@@ -453,9 +484,27 @@ fn copy_words<const RB: usize>(words: &[AtomicU64], dst: &mut [u8]) {
 const SHARD_ROUNDING: usize = 16;
 
 impl Shard {
-    fn new(cap: usize, row_bytes: usize, policy: Policy) -> Result<Shard> {
+    /// Words of a shard of `cap` slots of `row_bytes` rows: (index, slots).
+    fn words(cap: usize, row_bytes: usize) -> (usize, usize) {
         let index_len = ((cap as f64 / MAX_LOAD).ceil() as usize).max(cap + 1);
+        (index_len, cap * (1 + row_bytes.div_ceil(8)))
+    }
+
+    /// A shard of `cap` slots over `index` and `slab` (the lengths [`Shard::words`] gives),
+    /// whose initial values it writes.
+    fn new(
+        cap: usize,
+        row_bytes: usize,
+        policy: Policy,
+        index: Words,
+        slab: Words,
+    ) -> Result<Shard> {
         let stride = 1 + row_bytes.div_ceil(8);
+        debug_assert_eq!((index.len(), slab.len()), Shard::words(cap, row_bytes));
+        index.iter().for_each(|e| e.store(NO_ENTRY, Relaxed));
+        slab.iter()
+            .step_by(stride)
+            .for_each(|h| h.store(EMPTY, Relaxed));
         let q = match policy {
             Policy::S3Fifo => Queues::S3Fifo {
                 small: Fifo::EMPTY,
@@ -484,12 +533,8 @@ impl Shard {
             victim_hint: AtomicU32::new(NIL),
             newest_hint: AtomicU32::new(NIL),
             seq: AtomicU64::new(0),
-            index: alloc(index_len, |_| AtomicU64::new(NO_ENTRY), "index")?,
-            slab: alloc(
-                cap * stride,
-                |i| AtomicU64::new(if i % stride == 0 { EMPTY } else { 0 }),
-                "slab",
-            )?,
+            index,
+            slab,
             stride,
             cap,
             sieve: policy == Policy::Sieve,
@@ -662,10 +707,16 @@ mod hints;
 
 mod batch;
 
+mod arena;
+pub use arena::Pages;
+use arena::{Arena, Words};
+
 mod gather;
 
 mod ahead;
-pub use gather::{CachedGather, ReadThroughScratch, gather_cached, read_through};
+pub use gather::{CachedGather, Lookups, ReadThroughScratch, gather_cached, read_through};
+mod placement;
+pub use placement::Placement;
 
 #[cfg(test)]
 mod tests;

@@ -331,8 +331,8 @@ fn read_through_on_a_pool_reads_the_same_misses_as_on_one_thread() {
                 assert_eq!(hits + misses.len() as u64, n as u64);
                 (out, misses)
             };
-            let (oa, ma) = run(&a, &mut sa, Some(&pool));
-            let (ob, mb) = run(&b, &mut sb, None);
+            let (oa, ma) = run(&a, &mut sa, Lookups::Pool(&pool));
+            let (ob, mb) = run(&b, &mut sb, Lookups::Here);
             let want: Vec<u8> = ids.iter().flat_map(|&id| row_of(id, rb)).collect();
             assert!(
                 oa == want && ob == want,
@@ -341,6 +341,52 @@ fn read_through_on_a_pool_reads_the_same_misses_as_on_one_thread() {
             assert_eq!(ma, mb, "cap {cap} step {step}: the misses differ");
         }
     }
+}
+
+#[test]
+fn measured_lookups_try_both_ways_and_read_the_same_rows() {
+    // big steps through a cache whose lookups go where `Placement` measured them cheaper: both
+    // ways get measured, and every step's rows are the table's with the same misses as lookups
+    // on one thread
+    let (rb, rows) = (90usize, 5000u64);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let pl = Placement::default();
+    let (a, b) = (
+        cache_of(700, rb, Policy::S3Fifo),
+        cache_of(700, rb, Policy::S3Fifo),
+    );
+    let (mut sa, mut sb) = (ReadThroughScratch::default(), ReadThroughScratch::default());
+    let mut r = 9u64;
+    for step in 0..12 {
+        let n = 2048;
+        let ids: Vec<u64> = (0..n).map(|_| skewed(&mut r, rows)).collect();
+        let want: Vec<u8> = ids.iter().flat_map(|&id| row_of(id, rb)).collect();
+        let mut misses = Vec::new();
+        for (c, s, on) in [
+            (&a, &mut sa, Lookups::Measured(&pool, &pl)),
+            (&b, &mut sb, Lookups::Here),
+        ] {
+            let mut out = vec![0u8; n * rb];
+            let (m, _) = read_through(c, &ids, &mut out, s, on, |m, o| {
+                for (o, &id) in o.chunks_exact_mut(rb).zip(m) {
+                    o.copy_from_slice(&row_of(id, rb));
+                }
+                Ok(m.to_vec())
+            })
+            .unwrap();
+            assert!(out == want, "step {step}: not the table's rows");
+            misses.push(m.unwrap_or_default());
+        }
+        assert_eq!(misses[0], misses[1], "step {step}: the misses differ");
+    }
+    let (here, pooled) = pl.figures(2048);
+    assert!(
+        here > 0 && pooled > 0,
+        "both ways measured: {here} {pooled}"
+    );
 }
 
 /// Every shard's structures agree: each filled slot is indexed once under its own id, the index

@@ -60,6 +60,7 @@ pub(super) fn hit_path(
     let mut misses = 0;
     // each round a pair: the cached handle's p50 over the MMAP handle's
     let mut pairs = Vec::new();
+    let (pc0, mc0) = (p.counters(), plain.counters());
     for _ in 0..ROUNDS {
         let (mut c, mut m) = (Vec::new(), Vec::new());
         misses += repeat(p, &st, &mut seq, 30, &mut c)?;
@@ -69,6 +70,21 @@ pub(super) fn hit_path(
         lm.extend(m);
     }
     let (cached, mmap) = (pct(&lc, 50.0), pct(&lm, 50.0));
+    let stages = |a: &stats::Counters, b: &stats::Counters| {
+        let per = |x: u64, y: u64| (y - x) as f64 / 1e3 / (ROUNDS * 30) as f64;
+        format!(
+            "queue {:.1}, hash {:.1}, gather {:.1}, submit-to-done {:.1} µs",
+            per(a.queue_ns, b.queue_ns),
+            per(a.hash_ns, b.hash_ns),
+            per(a.gather_ns, b.gather_ns),
+            per(a.decode_step_ns, b.decode_step_ns)
+        )
+    };
+    println!(
+        "  mean per step, cached handle: {}; MMAP handle: {}",
+        stages(&pc0, &p.counters()),
+        stages(&mc0, &plain.counters())
+    );
     let mut sorted = pairs.clone();
     sorted.sort_by(f64::total_cmp);
     let pair_median = (sorted[ROUNDS / 2 - 1] + sorted[ROUNDS / 2]) / 2.0;
@@ -110,13 +126,18 @@ pub(super) fn hit_path(
             .join(" ")
     );
     println!(
-        "hit path, one thread: {lookup_ns:.1} ns per row by lookup, {batch_ns:.1} by lookup_batch (what a step uses), from the cache ({:.0}% found) vs {mmap_ns:.1} ns per row copied from the warm mapping",
-        100.0 * found as f64 / (2 * reps * uids.len()) as f64
+        "hit path, one thread: {lookup_ns:.1} ns per row by lookup, {batch_ns:.1} by lookup_batch (what a step uses), from the cache ({:.0}% found) vs {mmap_ns:.1} ns per row copied from the warm mapping; the cache on huge pages: {} of {} MiB",
+        100.0 * found as f64 / (2 * reps * uids.len()) as f64,
+        cache
+            .huge_page_bytes()
+            .map_or("?".into(), |b| (b >> 20).to_string()),
+        cache.allocated_bytes() >> 20
     );
     Ok(json!({
         "tokens": st.tokens.len(), "cached_p50_us": cached, "mmap_warm_p50_us": mmap,
         "misses": misses, "lookup_ns_per_row": lookup_ns, "mmap_copy_ns_per_row": mmap_ns,
         "pair_ratios": pairs, "pair_ratio_median": pair_median,
         "lookup_batch_ns_per_row": batch_ns,
+        "cache_huge_page_bytes": cache.huge_page_bytes(),
     }))
 }
