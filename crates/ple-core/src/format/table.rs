@@ -369,16 +369,24 @@ impl Table {
     pub fn hash_params(&self) -> &HashParams {
         &self.meta.hash
     }
-    /// The whole mapped row file.
+    /// The whole mapped row file: for its addresses and length (page advice, `mincore`, the
+    /// guarded copies). Reading its bytes directly raises SIGBUS where the file lost them (a
+    /// truncated file, a failed device read): copy rows through
+    /// [`guard::copy_rows`](crate::io::mmap::guard::copy_rows) or [`Table::row`].
     pub fn bytes(&self) -> &[u8] {
         &self.map
     }
-    /// Row `r` (panics if `r >= total_rows`; row ids from the hasher are always in range).
-    pub fn row(&self, r: u64) -> &[u8] {
-        let rb = self.row_bytes();
-        // r < total_rows, and total_rows × row_bytes ≤ MAX_FILE_BYTES (validated): no overflow.
-        let o = r as usize * rb;
-        &self.map[o..o + rb]
+    /// A copy of row `r`, read through the SIGBUS guard (an error, not a crash, where the file
+    /// lost it). Panics if `r >= total_rows` (row ids from the hasher are always in range).
+    pub fn row(&self, r: u64) -> Result<Vec<u8>> {
+        assert!(
+            r < self.meta.total_rows,
+            "row {r} of {}",
+            self.meta.total_rows
+        );
+        let mut out = vec![0u8; self.row_bytes()];
+        crate::io::mmap::guard::copy_rows(&self.map, self.row_bytes(), &[r], &mut out)?;
+        Ok(out)
     }
 }
 

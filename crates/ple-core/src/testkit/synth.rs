@@ -577,8 +577,8 @@ mod tests {
             assert!(meta.total_rows >= meta.hash.addressed_rows());
             for r in [0, 1, meta.total_rows / 2, meta.total_rows - 1] {
                 assert_eq!(
-                    t.row(r),
-                    &expected_row(7, f, r)[..],
+                    t.row(r).unwrap(),
+                    expected_row(7, f, r),
                     "row {r} of {}",
                     f.name()
                 );

@@ -38,14 +38,24 @@ impl AnonCopy {
         // same page size as the file mapping
         // SAFETY: advice on the mapping just created, `len` bytes long; it changes no contents.
         unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
-        let ptr = ptr as *mut u8;
+        let copy = AnonCopy {
+            ptr: ptr as *mut u8,
+            len,
+        };
+        // SAFETY: `ptr` is the live mapping of `len` writable bytes just created, owned by
+        // `copy` and referred to by nothing else while this slice lives.
+        let dst = unsafe { std::slice::from_raw_parts_mut(copy.ptr, len) };
         for r in rows {
             let o = r as usize * row_bytes;
-            // SAFETY: `o + row_bytes <= len` for every row id of the table (the ids come from the
-            // table's hash, checked against its rows), and both mappings are `len` bytes long.
-            unsafe { std::ptr::copy_nonoverlapping(table.as_ptr().add(o), ptr.add(o), row_bytes) };
+            // through the SIGBUS guard: a row the file lost is an error, not a crash
+            ple_core::io::mmap::guard::copy_rows(
+                table,
+                row_bytes,
+                &[r],
+                &mut dst[o..o + row_bytes],
+            )?;
         }
-        Ok(AnonCopy { ptr, len })
+        Ok(copy)
     }
     pub(crate) fn bytes(&self) -> &[u8] {
         // SAFETY: `ptr` is a live mapping of `len` readable bytes for as long as `self`.

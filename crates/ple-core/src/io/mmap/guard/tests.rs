@@ -91,3 +91,28 @@ fn a_big_pooled_cached_gather_over_a_truncated_mapping_is_an_error() {
     assert!(gather_cached(&cache, &map, &ids, &mut out, Some(&pool)).is_err());
     assert!(in_place());
 }
+
+#[test]
+fn a_table_row_the_file_lost_is_an_error_not_a_crash() {
+    // Table::row is the public way to read one row: through the guard (it was a plain slice of
+    // the mapping, which a truncated file turned into a SIGBUS in the reading thread)
+    use crate::format::table::{Table, TableOpenOptions};
+    use crate::model::RowFormat;
+    use crate::testkit::synth::{expected_row, small_config, write_table};
+    let d = tempfile::tempdir().unwrap();
+    let meta = write_table(d.path(), RowFormat::Nvfp4, &small_config(1000, 4), 3).unwrap();
+    let t = Table::open(d.path(), &TableOpenOptions::default()).unwrap();
+    let last = meta.total_rows - 1;
+    assert_eq!(
+        t.row(last).unwrap(),
+        expected_row(3, RowFormat::Nvfp4, last)
+    );
+    let rows = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.path().join(crate::format::table::ROWS_FILE))
+        .unwrap();
+    rows.set_len(PAGE as u64).unwrap();
+    let e = t.row(last).unwrap_err();
+    assert!(e.to_string().contains(&format!("row {last}")), "{e}");
+    assert_eq!(t.row(0).unwrap(), expected_row(3, RowFormat::Nvfp4, 0));
+}
