@@ -6,7 +6,11 @@
  * - host after: a host handler installed after ple_open that chains to the previous one: the
  *   same three, libple's fault reaching libple through the host's chain;
  * - no host handler: a kill()-sent SIGBUS is not swallowed: the process ends by SIGBUS (the
- *   default action), and libple's handler was still in place before it. */
+ *   default action), and libple's handler was still in place before it;
+ * - ple_options.sigbus_handler = 0: libple never touches the host's disposition: AUTO opens
+ *   DIRECT, steps run (PLE_E_IO on the truncated table, no SIGBUS reaching the host) and the
+ *   host's handler is still the process's; MMAP is refused with PLE_E_UNSUPPORTED, other values
+ *   with PLE_E_INVALID_ARGUMENT. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <signal.h>
@@ -161,6 +165,44 @@ static int child_no_host(const char *dir) {
     return 3;
 }
 
+static int child_no_handler(const char *dir) {
+    install_host(0); /* aborts on any SIGBUS that is not its own */
+    ple_options o;
+    ple_options_default(&o);
+    CHECK(o.sigbus_handler == 1);
+    o.sigbus_handler = 2;
+    ple_handle *h = NULL;
+    CHECK_STATUS(ple_open(dir, &o, &h), PLE_E_INVALID_ARGUMENT);
+    o.sigbus_handler = 0;
+    o.io_mode = PLE_IO_MMAP;
+    CHECK_STATUS(ple_open(dir, &o, &h), PLE_E_UNSUPPORTED);
+    CHECK(strstr(ple_last_error_message(), "sigbus_handler") != NULL);
+    o.io_mode = PLE_IO_AUTO;
+    o.num_threads = 2;
+    CHECK_STATUS(ple_open(dir, &o, &h), PLE_OK);
+    if (h == NULL) return 2;
+    ple_info in;
+    memset(&in, 0, sizeof in);
+    in.struct_size = sizeof in;
+    CHECK_STATUS(ple_table_info(h, &in), PLE_OK);
+    CHECK(in.io_mode == PLE_IO_DIRECT);
+    int32_t tok = 1, pos = 2, ctx[2] = {3, 5};
+    uint64_t rid = 1;
+    uint32_t qs[2] = {0, 1};
+    ple_batch b = {&tok, &pos, 1, &rid, qs, 1, ctx};
+    CHECK_STATUS(ple_submit(h, &b, 1), PLE_OK);
+    CHECK_STATUS(ple_wait(h, 1, 20 * 1000 * 1000), PLE_OK);
+    ple_release_step(h, 1);
+    CHECK(libple_catches_its_own(h, dir));
+    CHECK(host_touches_its_truncated_map(dir));
+    CHECK(kill(getpid(), SIGBUS) == 0);
+    CHECK(host_sent == 1 && host_foreign == 0);
+    struct sigaction cur;
+    CHECK(sigaction(SIGBUS, NULL, &cur) == 0 && cur.sa_sigaction == host_handler);
+    ple_close(h);
+    return check_failures ? 1 : 0;
+}
+
 /* Runs `f` in a child on a fresh copy of the table; returns the child's wait status. */
 static int in_child(int (*f)(const char *), const char *src) {
     char tmpl[] = "ple-sigbus-XXXXXX";
@@ -201,6 +243,10 @@ int main(void) {
     if (!(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGBUS))
         fprintf(stderr, "no host handler, kill(SIGBUS): child status %#x\n", ws);
     CHECK(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGBUS);
+    ws = in_child(child_no_handler, src);
+    if (!(WIFEXITED(ws) && WEXITSTATUS(ws) == 0))
+        fprintf(stderr, "sigbus_handler = 0: child status %#x\n", ws);
+    CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", src);
     CHECK(system(cmd) == 0);

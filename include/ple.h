@@ -312,6 +312,14 @@ typedef struct ple_options {
   // table's residency is more than 5% above the cap. 0 (the default): no cap. Ignored in
   // DIRECT mode. Appended in 0.1.x.
   uint64_t resident_bytes_max;
+  // 1 (the default): the handle may install libple's SIGBUS handler, process-wide, at its
+  // first copy from the table's mapping (MMAP mode needs it: a truncated file or a failed
+  // device read then fails the step with `PLE_E_IO` instead of killing the process; signals
+  // that are not its own faults go on to the handler installed before it). 0: libple installs
+  // no signal handler for this handle and never copies from its mapping: `PLE_IO_AUTO` opens
+  // DIRECT, and `PLE_IO_MMAP`, or DIRECT where the file system refuses direct I/O, is
+  // `PLE_E_UNSUPPORTED`. Other values: `PLE_E_INVALID_ARGUMENT`. Appended in 0.1.x.
+  int32_t sigbus_handler;
 } ple_options;
 
 

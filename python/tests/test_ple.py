@@ -364,3 +364,15 @@ def test_the_bundled_library_is_loaded():
     if os.environ.get("PLE_EXPECT_INSTALLED"):  # scripts/test.sh: the wheel in a fresh venv
         assert here.startswith(sys.prefix) and "site-packages" in here, here
         assert shutil.which("cargo") is None and shutil.which("rustc") is None
+
+
+def test_without_the_sigbus_handler_a_handle_runs_direct_and_mmap_is_refused(table_dir):
+    with ple.Table(table_dir, max_tokens_per_step=64, num_threads=2, sigbus_handler=0) as t:
+        assert t.info["io_mode"] == "direct"
+        ids = t.ngram_ids(**TWO)
+        rows = t.submit(**TWO).packed_rows().copy()
+        assert np.array_equal(rows.reshape(-1, rows.shape[-1]), file_rows(table_dir, ids.reshape(-1)))
+    with pytest.raises(ple.PleUnsupportedError, match="sigbus_handler"):
+        ple.Table(table_dir, io_mode="mmap", sigbus_handler=0)
+    with pytest.raises(ple.PleInvalidArgumentError, match="sigbus_handler"):
+        ple.Table(table_dir, sigbus_handler=2)

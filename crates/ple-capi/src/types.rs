@@ -265,6 +265,14 @@ pub struct ple_options {
     /// table's residency is more than 5% above the cap. 0 (the default): no cap. Ignored in
     /// DIRECT mode. Appended in 0.1.x.
     pub resident_bytes_max: u64,
+    /// 1 (the default): the handle may install libple's SIGBUS handler, process-wide, at its
+    /// first copy from the table's mapping (MMAP mode needs it: a truncated file or a failed
+    /// device read then fails the step with `PLE_E_IO` instead of killing the process; signals
+    /// that are not its own faults go on to the handler installed before it). 0: libple installs
+    /// no signal handler for this handle and never copies from its mapping: `PLE_IO_AUTO` opens
+    /// DIRECT, and `PLE_IO_MMAP`, or DIRECT where the file system refuses direct I/O, is
+    /// `PLE_E_UNSUPPORTED`. Other values: `PLE_E_INVALID_ARGUMENT`. Appended in 0.1.x.
+    pub sigbus_handler: i32,
 }
 
 /// Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
@@ -419,6 +427,7 @@ pub fn options_to_c(o: &OpenOptions) -> ple_options {
         shard_index: o.shard.index,
         ahead_max_rows: o.ahead_max_rows,
         resident_bytes_max: o.resident_bytes_max,
+        sigbus_handler: o.sigbus_handler as i32,
     }
 }
 
@@ -486,6 +495,11 @@ pub unsafe fn options_from_c(c: &ple_options) -> Result<OpenOptions> {
         },
         ahead_max_rows: c.ahead_max_rows,
         resident_bytes_max: c.resident_bytes_max,
+        sigbus_handler: match c.sigbus_handler {
+            0 => false,
+            1 => true,
+            v => return invalid!("options.sigbus_handler {v} is neither 0 nor 1"),
+        },
         // (not in the C struct: the core's defaults)
         ..OpenOptions::default()
     };

@@ -69,6 +69,7 @@ class ple_options(Structure):
         ("shard_index", c_uint32),
         ("ahead_max_rows", c_uint64),
         ("resident_bytes_max", c_uint64),
+        ("sigbus_handler", c_int32),
     ]
 
 

@@ -101,6 +101,7 @@ class TableOptions(TypedDict, total=False):
     shard_index: int
     ahead_max_rows: int
     resident_bytes_max: int
+    sigbus_handler: int
 
 
 class OffsetsBatch(TypedDict):

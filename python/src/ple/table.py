@@ -103,7 +103,9 @@ class Table:
         heads' columns, so an all-reduce (sum) of every rank's output is the whole table's
         output bit for bit), ``ahead_max_rows`` (the bound of `prefetch_ahead`'s queue; 0 = the
         row cache's capacity), ``resident_bytes_max`` (MMAP: the most bytes of the table kept
-        in the page cache; 0 = no cap).
+        in the page cache; 0 = no cap), ``sigbus_handler`` (1, the default: MMAP mode may
+        install libple's SIGBUS handler; 0: none is installed, the handle runs DIRECT and MMAP is
+        refused).
 
     Raises
     ------

@@ -102,6 +102,13 @@ pub struct OpenOptions {
     /// no cap). Above it the least recently used 2 MiB chunks are dropped after a step
     /// (`io::residency`). Ignored in DIRECT mode, which reads past the page cache.
     pub resident_bytes_max: u64,
+    /// Whether the handle may install libple's process-wide SIGBUS handler (`io::mmap::guard`),
+    /// which MMAP mode needs to turn a fault of the mapping (a truncated file, a failed device
+    /// read) into an error instead of a crash (default true; it goes in at the first copy from
+    /// a mapping). false: the handle never copies from the mapping, so libple touches no signal
+    /// disposition for it: AUTO opens DIRECT, and MMAP (or AUTO where direct I/O is refused) is
+    /// `Error::Unsupported`.
+    pub sigbus_handler: bool,
 }
 
 /// MMAP: the most rows of a step that [`ColdReads::Direct`] or [`ColdReads::Buffered`] reads
@@ -145,6 +152,7 @@ impl Default for OpenOptions {
             shard: Shard::WHOLE,
             ahead_max_rows: 0,
             resident_bytes_max: 0,
+            sigbus_handler: true,
         }
     }
 }

@@ -627,9 +627,24 @@ impl ColdRead {
 
 /// Opens the DIRECT reader `opts.io_mode` asks for: MMAP → none; DIRECT → the reader or its
 /// error (`Unsupported` on tmpfs); AUTO → the reader when the row file is larger than the
-/// machine's memory and direct I/O works on it, else none.
+/// machine's memory and direct I/O works on it, else none. Without the SIGBUS handler
+/// (`opts.sigbus_handler` false) only DIRECT can read: AUTO opens it, MMAP is `Unsupported`.
 fn open_direct(table: &Table, opts: &OpenOptions) -> Result<Option<DirectReader>> {
     let open = || DirectReader::open(table.rows_path(), table.row_bytes(), opts.force_pread);
+    if !opts.sigbus_handler {
+        const WHY: &str = "options.sigbus_handler is 0, and only DIRECT mode reads rows without \
+                           libple's SIGBUS handler (MMAP copies them from the mapping)";
+        return match opts.io_mode {
+            IoMode::Mmap => Err(Error::Unsupported(format!(
+                "io_mode MMAP: {WHY}; open with io_mode DIRECT or AUTO, or allow the handler"
+            ))),
+            IoMode::Direct | IoMode::Auto => match open() {
+                Ok(r) => Ok(Some(r)),
+                Err(Error::Unsupported(m)) => Err(Error::Unsupported(format!("{m}; {WHY}"))),
+                Err(e) => Err(e),
+            },
+        };
+    }
     match opts.io_mode {
         IoMode::Mmap => Ok(None),
         IoMode::Direct => open().map(Some),
