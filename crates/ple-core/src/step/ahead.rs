@@ -6,7 +6,7 @@
 //! ring slot) and appends its row ids to a bounded queue; a dedicated reader thread per handle
 //! (`ple-ahead`, started on the first call, niced to 10) takes them a batch at a time, the batch
 //! sized by [`sizer`] to take at most [`AHEAD_BATCH_TARGET`] at the device's speed it measures
-//! (4 to 64 rows). Right before each batch's reads it waits while a submitted step is not yet done
+//! (4 to 64 rows), and back to 4 rows after a batch that a step was submitted during. Right before each batch's reads it waits while a submitted step is not yet done
 //! (`submitted > done`), so a step waits for at most the one short batch of reads in flight when
 //! it was submitted. The reader has its own descriptors (its own io_uring), never the worker's.
 //! While it reads it holds no lock; it admits rows as a step's misses are inserted (a row cache
@@ -307,10 +307,12 @@ fn ahead_main(sh: Arc<Shared>) {
         wait_for_steps(&sh);
         let out = &mut buf[..misses.len() * rb];
         let t0 = Instant::now();
+        let submitted = sh.submitted.load(Acquire);
         #[cfg(test)]
         a.test.read_begins(&sh, misses.len());
         let read = source.read(&sh, &misses, out);
-        sizer.record(misses.len(), t0.elapsed());
+        let collided = sh.submitted.load(Acquire) != submitted;
+        sizer.record(misses.len(), t0.elapsed(), collided, Instant::now());
         #[cfg(test)]
         a.test.read_ends(&sh);
         match read {
