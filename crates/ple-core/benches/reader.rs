@@ -8,46 +8,11 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ple_core::format::table::Table;
-use ple_core::lookup::context::Batch;
-use ple_core::model::{RowFormat, splitmix64};
+use ple_core::model::RowFormat;
 use ple_core::step::{IoMode, OpenOptions, Pipeline, ReadScratch, Reader};
+use ple_testkit::step::Step;
 use ple_testkit::synth;
 use std::hint::black_box;
-
-/// `n` one-token requests with stateless contexts, from `seed`.
-struct Step {
-    tokens: Vec<i32>,
-    positions: Vec<i32>,
-    ids: Vec<u64>,
-    qs: Vec<u32>,
-    ctx: Vec<i32>,
-}
-
-impl Step {
-    fn new(seed: u64, n: usize) -> Step {
-        let mut x = seed;
-        let mut tok = || {
-            x = splitmix64(x);
-            (x % 248_000) as i32
-        };
-        Step {
-            tokens: (0..n).map(|_| tok()).collect(),
-            positions: (0..n as i32).map(|i| i + 5).collect(),
-            ids: (1..=n as u64).collect(),
-            qs: (0..=n as u32).collect(),
-            ctx: (0..2 * n).map(|_| tok()).collect(),
-        }
-    }
-    fn batch(&self) -> Batch<'_> {
-        Batch {
-            tokens: &self.tokens,
-            positions: &self.positions,
-            request_ids: &self.ids,
-            query_start: &self.qs,
-            context: Some(&self.ctx),
-        }
-    }
-}
 
 fn bench(c: &mut Criterion) {
     let d = tempfile::tempdir().unwrap();

@@ -8,4 +8,4 @@ pub mod text;
 /// The table and checkpoint generators live in the core (`ple_core::testkit`, behind its
 /// `testkit` feature) so that the core's own unit tests use the same code without a second copy
 /// of the core's types.
-pub use ple_core::testkit::synth;
+pub use ple_core::testkit::{step, synth};

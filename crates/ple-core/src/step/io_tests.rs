@@ -4,10 +4,10 @@
 
 use crate::error::Error;
 use crate::io::direct::Backend;
-use crate::lookup::context::Batch;
 use crate::model::{RowFormat, splitmix64};
 use crate::step::{IoMode, OpenOptions, Pipeline};
 use crate::synth;
+use crate::testkit::step::Step;
 use std::path::Path;
 
 const SEED: u64 = 7;
@@ -39,41 +39,6 @@ fn open_with(dir: &Path, f: impl FnOnce(&mut OpenOptions)) -> crate::error::Resu
     };
     f(&mut o);
     Pipeline::open(dir, o)
-}
-
-/// A stateless step of `n` requests of one token each, from `seed`.
-struct Step {
-    tokens: Vec<i32>,
-    positions: Vec<i32>,
-    ids: Vec<u64>,
-    qs: Vec<u32>,
-    ctx: Vec<i32>,
-}
-
-impl Step {
-    fn new(seed: u64, n: usize) -> Step {
-        let mut x = seed;
-        let mut tok = || {
-            x = splitmix64(x);
-            (x % 248_000) as i32
-        };
-        Step {
-            tokens: (0..n).map(|_| tok()).collect(),
-            positions: (0..n as i32).map(|i| i + 5).collect(),
-            ids: (1..=n as u64).collect(),
-            qs: (0..=n as u32).collect(),
-            ctx: (0..2 * n).map(|_| tok()).collect(),
-        }
-    }
-    fn batch(&self) -> Batch<'_> {
-        Batch {
-            tokens: &self.tokens,
-            positions: &self.positions,
-            request_ids: &self.ids,
-            query_start: &self.qs,
-            context: Some(&self.ctx),
-        }
-    }
 }
 
 fn row_ids(p: &Pipeline, st: &Step) -> Vec<u64> {

@@ -3,6 +3,7 @@
 //! counters add up, shards read only their heads' rows, bad input is an error.
 
 use super::*;
+use crate::lookup::context::Batch;
 use crate::shard::Shard;
 use std::time::Duration;
 
