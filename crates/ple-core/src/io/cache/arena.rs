@@ -35,6 +35,8 @@ pub(super) struct Arena {
     /// Byte offset of word 0 in `map` (a multiple of the base page size).
     start: usize,
     words: usize,
+    /// Whether the kernel took the huge-page advice.
+    advised: bool,
 }
 
 impl Arena {
@@ -53,14 +55,19 @@ impl Arena {
             .map_err(oom)?;
         let addr = map.as_ptr() as usize;
         let start = addr.next_multiple_of(HUGE) - addr;
-        if pages == Pages::Huge {
-            // only advice: a kernel without transparent huge pages refuses it (EINVAL), and the
-            // cache then runs on base pages
-            if let Err(e) = map.advise_range(memmap2::Advice::HugePage, start, words * 8) {
-                log::debug!("row cache: MADV_HUGEPAGE refused ({e}): base pages");
-            }
-        }
-        Ok(Arena { map, start, words })
+        // only advice: a kernel without transparent huge pages refuses it (EINVAL), and the
+        // cache then runs on base pages
+        let advised = pages == Pages::Huge
+            && map
+                .advise_range(memmap2::Advice::HugePage, start, words * 8)
+                .map_err(|e| log::debug!("row cache: MADV_HUGEPAGE refused ({e}): base pages"))
+                .is_ok();
+        Ok(Arena {
+            map,
+            start,
+            words,
+            advised,
+        })
     }
 
     /// The view of words `at .. at + len` (within the arena). The view is valid while the arena
@@ -80,6 +87,11 @@ impl Arena {
             ptr: NonNull::new(ptr).expect("a mapping is not at address 0"),
             len,
         }
+    }
+
+    /// Whether the kernel took the huge-page advice (without it no page is huge).
+    pub(super) fn advised(&self) -> bool {
+        self.advised
     }
 
     /// The address of word 0 (2 MiB-aligned) and the mapped bytes from there (for tests and
@@ -128,12 +140,16 @@ mod tests {
         assert!(w.iter().all(|x| x.load(Relaxed) == 0));
         w.iter().for_each(|x| x.store(u64::MAX, Relaxed));
         let (flags, huge) = crate::sys::smaps_of(addr).unwrap();
-        assert!(
-            flags.split(' ').any(|f| f == "hg"),
-            "MADV_HUGEPAGE not in the VMA's flags: {flags}"
-        );
+        // a kernel with transparent huge pages takes the advice (whatever its mode) and marks
+        // the mapping; one without refuses it, and the cache runs on base pages
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
             .unwrap_or_default();
+        assert_eq!(a.advised, !thp.is_empty(), "THP: {thp:?}");
+        assert_eq!(
+            flags.split(' ').any(|f| f == "hg"),
+            a.advised,
+            "the VMA's flags: {flags}"
+        );
         eprintln!(
             "THP {}: {} KiB of the 24 MiB on huge pages",
             thp.trim(),

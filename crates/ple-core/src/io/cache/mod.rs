@@ -350,6 +350,9 @@ impl RowCache {
     /// Bytes of the cache's index and slots the kernel backs with huge pages now
     /// (`AnonHugePages` of its mapping; None where `/proc/self/smaps` cannot tell).
     pub fn huge_page_bytes(&self) -> Option<u64> {
+        if !self.arena.advised() {
+            return Some(0);
+        }
         crate::sys::smaps_of(self.arena.span().0).map(|(_, b)| b)
     }
     /// Bytes the cache allocated (all of it, at construction): at most the `cache_bytes` given.
