@@ -91,6 +91,11 @@ def test_a_row_cache_of_the_size_asked_for(table_dir):
         s = t.stats()
         assert s["cache_hits"] + s["cache_misses"] == s["prefill_rows"] + s["decode_rows"]
         assert s["cache_hits"] >= 8 * 16  # the second step's rows were all cached
+        # the same step twice into an empty cache: the second's 128 rows all hit, the first's
+        # only a row it holds twice (each distinct row missed once)
+        distinct = len(np.unique(t.ngram_ids(**TWO)))
+        assert s.overall_hit_rate == s["cache_hits"] / 256
+        assert 0.5 <= s.overall_hit_rate <= (256 - distinct) / 256
 
 
 def test_prefetch_ahead_fills_the_cache_and_changes_no_history(table_dir):

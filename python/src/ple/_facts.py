@@ -136,6 +136,13 @@ class Counters(_FieldMapping[int]):
     reaped_handles: int
     resident_dropped_bytes: int
 
+    @property
+    def overall_hit_rate(self) -> float:
+        """Step rows served by the row cache over all step rows (FBGEMM #5777's overall hit
+        rate, as `ple bench` prints it); 0.0 before any row."""
+        rows = self.prefill_rows + self.decode_rows
+        return self.cache_hits / rows if rows else 0.0
+
 
 def field_names(cls: type) -> List[str]:
     """The field names of one of these dataclasses, in declaration order."""
