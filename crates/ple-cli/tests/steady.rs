@@ -1,19 +1,14 @@
 //! `ple bench --steady` on a small generated table, from a trace file: it runs, its figures add
 //! up (JSON), the references are computed, and the plot is written.
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn steady_bench_replays_a_trace_and_writes_the_plot() {
     let d = tempfile::tempdir().unwrap();
-    let table = d.path().join("t");
-    ple_testkit::synth::write_table(
-        &table,
-        ple_core::model::RowFormat::Nvfp4,
-        &ple_testkit::synth::small_config(3000, 8),
-        2,
-    )
-    .unwrap();
+    let table = common::small_table(d.path());
     // three documents of the English streams, one per line
     let trace = d.path().join("trace.txt");
     let lines: Vec<String> = (0..3)
@@ -53,12 +48,7 @@ fn steady_bench_replays_a_trace_and_writes_the_plot() {
         ])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::stdout_of_success(out);
     assert!(
         text.contains("overall") && text.contains("LRU pages"),
         "{text}"
@@ -121,12 +111,7 @@ fn steady_bench_of_a_shard_sits_beside_the_whole_table() {
         .args(["--json", json.to_str().unwrap()])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::stdout_of_success(out);
     assert!(
         text.contains("shard 2/3: heads 10..16 (6 rows per token)"),
         "{text}"

@@ -1,5 +1,5 @@
-//! Helpers shared by the packing tests (`pack.rs`, `pack_bad.rs`): synthetic checkpoints,
-//! packing quietly, reading and editing safetensors headers, and checks on what a pack leaves.
+//! Helpers shared by the CLI tests: synthetic checkpoints and tables, packing quietly, reading
+//! and editing safetensors headers, and checks on what a pack leaves.
 #![allow(
     dead_code,
     reason = "each test binary uses a different subset of the helpers"
@@ -15,6 +15,30 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const PLE: &str = env!("CARGO_BIN_EXE_ple");
+
+/// The standard output of a command that must have succeeded (else its output and errors).
+pub fn stdout_of_success(out: std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// A small generated NVFP4 table (base 3,000, 8 shards) in `dir/t`, for the benchmarks' tests.
+pub fn small_table(dir: &Path) -> PathBuf {
+    let table = dir.join("t");
+    ple_testkit::synth::write_table(
+        &table,
+        RowFormat::Nvfp4,
+        &ple_testkit::synth::small_config(3000, 8),
+        2,
+    )
+    .unwrap();
+    table
+}
 
 pub fn spec(format: RowFormat, seed: u64) -> CheckpointSpec {
     let mut s = CheckpointSpec::new(format, 1000, 4, seed);

@@ -52,13 +52,16 @@ pub struct EngineArgs {
     pub drafts: usize,
     /// --engine: row cache of the DIRECT handles (MiB); steps timed for the p99 check, idle and
     /// busy each; rounds of idle then busy steps they are timed in (1: one idle block, then one
-    /// busy block).
+    /// busy block); the engine's time between two of its steps (ms: the layers' compute of a
+    /// fast decode step).
     #[arg(long, default_value_t = 256)]
     pub engine_cache_mib: u64,
     #[arg(long, default_value_t = 2000)]
     pub p99_steps: usize,
     #[arg(long, default_value_t = 20)]
     pub p99_rounds: usize,
+    #[arg(long, default_value_t = 5.0)]
+    pub p99_gap_ms: f64,
 }
 
 pub(super) fn ms(d: Duration) -> f64 {
@@ -247,7 +250,12 @@ impl Pairs {
     }
 }
 
+/// The handle's read-ahead and cache counters, once its read-ahead queue is drained (so that
+/// asked = read + dropped + cached).
 fn print_ahead_counters(p: &Pipeline, pair: usize, on: bool) {
+    if !p.wait_ahead_idle(Duration::from_secs(60)) {
+        println!("(read-ahead not drained after 60 s: its counters do not add up yet)");
+    }
     let c = p.counters();
     println!(
         "pair {pair} read-ahead {}: ttft so far; ahead asked {} read {} dropped {} cached {} hits {}; cache hits {} misses {} (overall hit rate {:.3})",

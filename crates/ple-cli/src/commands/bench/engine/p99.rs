@@ -1,9 +1,10 @@
 //! The p99 check of `ple bench --engine`: a cached 8 × 1 step submitted while read-ahead runs
 //! against the same step idle. The two are timed in `--p99-rounds` alternating blocks (idle, then
 //! busy) so that the machine's other load, whose tails dwarf the reader's on a shared VM, falls on
-//! both alike. A busy block queues read-ahead
-//! of new text a piece at a time, whenever the queue is drained, so every step of it is submitted
-//! with rows queued or in flight; the queue is drained before the next idle block.
+//! both alike. Steps come `--p99-gap-ms` apart (the engine's compute between them). A busy block
+//! queues read-ahead of new text a piece at a time, whenever the queue is drained, right after a
+//! step (where an engine asks for its next drafts), so every step of it is submitted with rows
+//! queued or in flight; the queue is drained before the next idle block.
 
 use super::super::BenchArgs;
 use super::super::steps::{Shape, Step, make_steps};
@@ -17,8 +18,6 @@ use std::time::{Duration, Instant};
 const PIECE_TOKENS: usize = 64;
 /// Pieces generated at a time (one stream each time).
 const PIECES: usize = 64;
-/// Pause between timed steps.
-const GAP: Duration = Duration::from_micros(500);
 /// Longest wait for the queue to drain after a busy block.
 const DRAIN: Duration = Duration::from_secs(120);
 
@@ -53,14 +52,22 @@ impl Pieces<'_> {
     }
 }
 
-/// One timed step: submit + wait (µs).
-fn time_step(p: &Pipeline, st: &Step, seq: u64) -> Result<f64> {
+/// One timed step: submit + wait (µs); then `after` (what the engine does once a step's rows
+/// are in: read-ahead of the next drafts) and the gap.
+fn time_step(
+    p: &Pipeline,
+    st: &Step,
+    seq: u64,
+    gap: Duration,
+    mut after: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     let t = Instant::now();
     p.submit(&st.batch(), seq)?;
     p.wait(seq, u64::MAX)?;
     let us = ms(t.elapsed()) * 1e3;
     p.release_step(seq)?;
-    std::thread::sleep(GAP);
+    after()?;
+    std::thread::sleep(gap);
     Ok(us)
 }
 
@@ -81,24 +88,30 @@ pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()>
         left: Vec::new(),
     };
     let rounds = e.p99_rounds.max(1);
+    let gap = Duration::from_secs_f64(e.p99_gap_ms.max(0.0) / 1e3);
     let per = e.p99_steps.div_ceil(rounds).max(1);
     let mut seq = 0u64;
     for _ in 0..10 {
         seq += 1;
-        time_step(&p, st, seq)?; // warm-up: the step's rows into the cache
+        time_step(&p, st, seq, gap, || Ok(()))?; // warm-up: the step's rows into the cache
     }
     let (mut idle, mut busy) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         for _ in 0..per {
             seq += 1;
-            idle.push(time_step(&p, st, seq)?);
+            idle.push(time_step(&p, st, seq, gap, || Ok(()))?);
+        }
+        if p.wait_ahead_idle(Duration::ZERO) {
+            p.prefetch_ahead(&pieces.next().batch())?;
         }
         for _ in 0..per {
-            if p.wait_ahead_idle(Duration::ZERO) {
-                p.prefetch_ahead(&pieces.next().batch())?;
-            }
             seq += 1;
-            busy.push(time_step(&p, st, seq)?);
+            busy.push(time_step(&p, st, seq, gap, || {
+                if p.wait_ahead_idle(Duration::ZERO) {
+                    p.prefetch_ahead(&pieces.next().batch())?;
+                }
+                Ok(())
+            })?);
         }
         if !p.wait_ahead_idle(DRAIN) {
             println!("(read-ahead not drained after {DRAIN:?}: the next idle block is not idle)");
@@ -107,7 +120,8 @@ pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()>
     let c = p.counters();
     let (i99, b99) = (pct(&mut idle, 0.99), pct(&mut busy, 0.99));
     println!(
-        "cached 8x1 step, {rounds} rounds of {per} idle then {per} busy steps: p99 idle {i99:.1} µs, while read-ahead runs {b99:.1} µs, ratio {:.3} (target <= 1.2); p50 {:.1} / {:.1} µs; ahead rows read meanwhile {}",
+        "cached 8x1 step every {:.1} ms, {rounds} rounds of {per} idle then {per} busy steps: p99 idle {i99:.1} µs, while read-ahead runs {b99:.1} µs, ratio {:.3} (target <= 1.2); p50 {:.1} / {:.1} µs; ahead rows read meanwhile {}",
+        ms(gap),
         b99 / i99.max(1e-9),
         pct(&mut idle, 0.5),
         pct(&mut busy, 0.5),
