@@ -8,7 +8,8 @@
 //! sized by [`sizer`] to take at most [`AHEAD_BATCH_TARGET`] at the device's speed it measures
 //! (4 to 64 rows), and back to 4 rows after a batch that a step was submitted during. Right before each batch's reads it waits while a submitted step is not yet done
 //! (`submitted > done`), so a step waits for at most the one short batch of reads in flight when
-//! it was submitted. The reader has its own descriptors (its own io_uring), never the worker's.
+//! it was submitted; and where steps come at a cadence ([`cadence`]), out of the quiet window
+//! around the next one, its batches sized to fit between the windows. The reader has its own descriptors (its own io_uring), never the worker's.
 //! While it reads it holds no lock; it admits rows as a step's misses are inserted (a row cache
 //! shard's lock per row, which a lookup takes only after its lock-free tries fail), and holds the
 //! marks' lock only to insert a batch's ids, which the worker never waits for (`try_lock`).
@@ -30,7 +31,9 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+mod cadence;
 mod sizer;
+pub(super) use cadence::Cadence;
 use sizer::{AHEAD_BATCH_TARGET, AHEAD_MAX_ROWS, AHEAD_MIN_ROWS, BatchSizer};
 #[cfg(test)]
 pub(super) const AHEAD_MIN_ROWS_FOR_TESTS: usize = AHEAD_MIN_ROWS;
@@ -51,6 +54,8 @@ pub(super) struct Ahead {
     marks: Mutex<HashSet<u64>>,
     marks_len: AtomicUsize,
     pub(super) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The steps' cadence (every submit records itself): when the reader keeps quiet.
+    pub(super) cadence: Cadence,
     #[cfg(test)]
     pub(super) test: TestReader,
 }
@@ -91,6 +96,7 @@ impl Ahead {
             marks: Mutex::new(HashSet::new()),
             marks_len: AtomicUsize::new(0),
             thread: Mutex::new(None),
+            cadence: Cadence::new(),
             #[cfg(test)]
             test: TestReader::default(),
         }
@@ -258,6 +264,34 @@ fn wait_for_steps(sh: &Shared) {
     }
 }
 
+/// Waits for the steps in flight, then out of the quiet window around the next step the
+/// cadence predicts (`cadence`; for batches as long as the last few). Asleep to the window's
+/// end, not parked on the step: a wake-up at the step's publication would land on a CPU of the
+/// thread that waits for it, while the window's end comes after a step that came on time (the
+/// slack covers the step). The sleep is on the queue's condition variable, which a stop
+/// signals (and a new read-ahead, after which the window is looked at again).
+fn wait_for_quiet(sh: &Shared, sizer: &BatchSizer) {
+    loop {
+        wait_for_steps(sh);
+        let Some(batch) = sizer.batch_time() else {
+            return;
+        };
+        let now = Instant::now();
+        let Some(until) = sh.ahead.cadence.quiet_until(now, batch) else {
+            return;
+        };
+        let q = lock(&sh.ahead.q);
+        if q.stop || sh.completion.closing() {
+            return;
+        }
+        drop(sync::wait_timeout(
+            &sh.ahead.cv,
+            q,
+            until.saturating_duration_since(now),
+        ));
+    }
+}
+
 fn ahead_main(sh: Arc<Shared>) {
     lower_priority();
     let rb = sh.reader.table.row_bytes();
@@ -303,8 +337,9 @@ fn ahead_main(sh: Arc<Shared>) {
         if misses.is_empty() {
             continue;
         }
-        // and again right before the reads: a step is behind at most the batch read from here on
-        wait_for_steps(&sh);
+        // and again right before the reads: a step is behind at most the batch read from here
+        // on, and none is due before it ends
+        wait_for_quiet(&sh, &sizer);
         let out = &mut buf[..misses.len() * rb];
         let t0 = Instant::now();
         let submitted = sh.submitted.load(Acquire);
@@ -312,7 +347,9 @@ fn ahead_main(sh: Arc<Shared>) {
         a.test.read_begins(&sh, misses.len());
         let read = source.read(&sh, &misses, out);
         let collided = sh.submitted.load(Acquire) != submitted;
-        sizer.record(misses.len(), t0.elapsed(), collided, Instant::now());
+        let now = Instant::now();
+        let room = sh.ahead.cadence.batch_room(now);
+        sizer.record(misses.len(), t0.elapsed(), collided, now, room);
         #[cfg(test)]
         a.test.read_ends(&sh);
         match read {

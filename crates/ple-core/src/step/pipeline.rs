@@ -350,13 +350,14 @@ impl Pipeline {
                 (scatter(b.tokens, o, 1), scatter(&ctx, o, k))
             }
         };
+        let now = Instant::now();
         let job = Job {
             seq,
             slot,
             tokens,
             ctx,
             prefill,
-            submitted: Instant::now(),
+            submitted: now,
         };
         let tx = sub.tx.as_ref().expect("checked above, under the same lock");
         if tx.send(Work::Step(job)).is_err() {
@@ -366,6 +367,7 @@ impl Pipeline {
             return Err(Error::State("the worker thread has stopped".into()));
         }
         sh.submitted.store(seq, Ordering::Release);
+        sh.ahead.cadence.submitted(now);
         Ok(())
     }
 

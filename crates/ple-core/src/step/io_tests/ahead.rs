@@ -374,3 +374,45 @@ fn a_step_submitted_while_a_slow_read_ahead_runs_is_behind_at_most_one_short_bat
     assert_eq!(c.ahead_asked, 256, "{c:?}");
     assert!(balanced(&c), "{c:?}");
 }
+
+#[test]
+fn at_a_steady_cadence_no_batch_is_in_flight_when_a_step_comes() {
+    let format = RowFormat::Nvfp4;
+    let d = temp_table(format);
+    // 300 µs per read: a batch of 4 to 8 rows takes 1.2 to 2.4 ms; 1,024 rows ahead are ~0.3 s
+    // of reads, more than the steps' 0.35 s leave between them. Steps every ~12 ms: once the
+    // reader knows the cadence it keeps ~5 ms around each step free (two batches and the
+    // margin before, the slack after) and reads in the rest. Without the cadence a batch is in
+    // flight nearly all the time, so nearly every step comes during one.
+    let p = slow_reader(d.path(), 300);
+    p.prefetch_ahead(&Step::new(91, 64).batch()).unwrap();
+    let steps = 30u64;
+    for seq in 1..=steps {
+        std::thread::sleep(Duration::from_millis(12));
+        step(&p, seq, &Step::new(1000 + seq, 2), format).unwrap();
+    }
+    assert!(p.wait_ahead_idle(IDLE));
+    let log = crate::sync::lock(&p.ahead_test().batches).clone();
+    let learnt = 8; // (the cadence is known from the 5th submit on; the sizer settles after)
+    let hit: Vec<u64> = (learnt..=steps)
+        .filter(|&seq| {
+            log.iter()
+                .any(|b| b.submitted_before < seq && b.submitted_after >= seq)
+        })
+        .collect();
+    let reads_between = log
+        .iter()
+        .filter(|b| b.submitted_before >= learnt && b.submitted_before < steps)
+        .count();
+    assert!(
+        hit.len() <= 4,
+        "steps that came while a batch was in flight: {hit:?} of {learnt}..={steps}"
+    );
+    assert!(
+        reads_between as u64 >= (steps - learnt) / 2,
+        "the reader still reads between the steps: {reads_between} batches"
+    );
+    let c = p.counters();
+    assert_eq!(c.ahead_asked, 1024, "{c:?}");
+    assert!(balanced(&c), "{c:?}");
+}
