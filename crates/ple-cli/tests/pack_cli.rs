@@ -90,19 +90,20 @@ fn killed_mid_pack_leaves_no_table_and_a_rerun_succeeds() {
     let info = write_checkpoint(&ck, &s).unwrap();
     let out = d.path().join("out");
     // Progress lines go to a pipe we stop reading: once it is full the packer blocks in the
-    // middle of the table, so the kill lands mid-pack deterministically.
+    // middle of the table, so the kill lands mid-pack deterministically. The pipe is shrunk
+    // before the packer starts (shrinking one that already holds more fails with EBUSY).
+    let (stderr, to_child) = std::io::pipe().unwrap();
+    // SAFETY: fcntl on a pipe descriptor this test owns; no memory is passed.
+    let sz = unsafe { libc::fcntl(stderr.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
+    assert!(sz > 0, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
     let mut child = Command::new(PLE)
         .args(["pack", "--progress-lines", "--buffer-bytes", "4096"])
         .arg(&ck)
         .arg(&out)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(to_child)
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    // SAFETY: fcntl on a pipe descriptor this test owns; no memory is passed.
-    let sz = unsafe { libc::fcntl(stderr.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
-    assert!(sz > 0, "F_SETPIPE_SZ: {}", std::io::Error::last_os_error());
     let mut lines = std::io::BufReader::new(stderr).lines();
     loop {
         let l = lines.next().expect("packer ended early").unwrap();
