@@ -454,8 +454,8 @@ typedef struct ple_counters {
   uint64_t ahead_dropped;
   // Read-ahead rows found already cached when their turn came.
   uint64_t ahead_cached;
-  // Step rows found in the row cache that a read-ahead had brought in (part of `cache_hits`;
-  // a step that finds the reader inserting a batch's marks counts none: it may undercount).
+  // Step rows found in the row cache that a read-ahead had brought in, each at its first hit
+  // (part of `cache_hits`; a row evicted before any step found it counts none).
   uint64_t ahead_hits;
   // Process-wide, since start: handles whose close did not wait for their worker (a read
   // stalled on the device past 30 ms) and went to a reaper thread, which frees the handle's

@@ -49,7 +49,7 @@ fn bench(c: &mut Criterion) {
             let mut s = ReadScratch::default();
             // warm: pages cached, cache filled
             for _ in 0..3 {
-                r.read_step(&st.tokens, &st.ctx, &mut out, &mut s, |_| {}, &|| false)
+                r.read_step(&st.tokens, &st.ctx, &mut out, &mut s, &|| false)
                     .unwrap();
                 seq += 1;
                 p.submit(&st.batch(), seq).unwrap();
@@ -60,14 +60,7 @@ fn bench(c: &mut Criterion) {
             g.bench_function("Reader::read_step (no worker)", |b| {
                 b.iter(|| {
                     let rec = r
-                        .read_step(
-                            black_box(&st.tokens),
-                            &st.ctx,
-                            &mut out,
-                            &mut s,
-                            |_| {},
-                            &|| false,
-                        )
+                        .read_step(black_box(&st.tokens), &st.ctx, &mut out, &mut s, &|| false)
                         .unwrap();
                     black_box(rec.rows);
                 })

@@ -86,8 +86,8 @@ counters! {
     sum ahead_dropped,
     /// Read-ahead rows found already cached when their turn came.
     sum ahead_cached,
-    /// Step rows found in the row cache that a read-ahead had brought in (part of `cache_hits`;
-    /// a step that finds the reader inserting a batch's marks counts none: it may undercount).
+    /// Step rows found in the row cache that a read-ahead had brought in, each at its first hit
+    /// (part of `cache_hits`; a row evicted before any step found it counts none).
     sum ahead_hits,
     /// Process-wide, since start: handles whose close did not wait for their worker (a read
     /// stalled on the device past 30 ms) and went to a reaper thread, which frees the handle's

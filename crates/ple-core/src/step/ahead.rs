@@ -11,8 +11,9 @@
 //! it was submitted; and where steps come at a cadence ([`cadence`]), out of the quiet window
 //! around the next one, its batches sized to fit between the windows. The reader has its own descriptors (its own io_uring), never the worker's.
 //! While it reads it holds no lock; it admits rows as a step's misses are inserted (a row cache
-//! shard's lock per row, which a lookup takes only after its lock-free tries fail), and holds the
-//! marks' lock only to insert a batch's ids, which the worker never waits for (`try_lock`).
+//! shard's lock per row, which a lookup takes only after its lock-free tries fail), flagged in
+//! their slot's header: the first lookup that finds one clears the flag and counts an ahead hit
+//! (`RowCache::take_ahead_hits`), at no cost to the lookups of other rows.
 //!
 //! Invariants: read-ahead only fills caches (a step's rows are read or copied as without it);
 //! the queue holds at most `cap` rows, the oldest dropped beyond it; once the queue is drained,
@@ -25,8 +26,7 @@ use crate::io::direct::DirectReader;
 use crate::io::mmap::advice;
 use crate::io::mmap::buffered::BufferedReader;
 use crate::sync::{self, lock};
-use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::AtomicUsize;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -49,10 +49,6 @@ pub(super) struct Ahead {
     cv: Condvar,
     /// Most rows queued.
     pub(super) cap: usize,
-    /// Rows the reader admitted to the row cache that no step has looked up since (at most
-    /// `cap`; beyond it all are forgotten, so `ahead_hits` undercounts, never overcounts).
-    marks: Mutex<HashSet<u64>>,
-    marks_len: AtomicUsize,
     pub(super) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The steps' cadence (every submit records itself): when the reader keeps quiet.
     pub(super) cadence: Cadence,
@@ -93,8 +89,6 @@ impl Ahead {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
             cap: cap.max(1),
-            marks: Mutex::new(HashSet::new()),
-            marks_len: AtomicUsize::new(0),
             thread: Mutex::new(None),
             cadence: Cadence::new(),
             #[cfg(test)]
@@ -163,29 +157,15 @@ impl Shared {
         Ok(())
     }
 
-    /// Worker, before a step's cache lookups: counts the step's rows that a read-ahead admitted
-    /// and the cache still holds (they are about to be hits) as `ahead_hits`, and forgets
-    /// their marks. Costs nothing while no mark is held, and never waits for the reader: while
-    /// it holds the marks' lock (inserting a batch, or growing or clearing the set: up to
-    /// milliseconds at a niced thread's pace) the step counts nothing (`ahead_hits` may
-    /// undercount, its marks stay for a later step).
-    pub(super) fn count_ahead_hits(&self, ids: &[u64]) {
-        let (Some(c), a) = (&self.reader.cache, &self.ahead) else {
-            return;
-        };
-        if a.marks_len.load(Relaxed) == 0 {
-            return;
+    /// Worker, after a step's cache lookups: counts the rows read ahead that they found for
+    /// the first time as `ahead_hits`.
+    pub(super) fn count_ahead_hits(&self) {
+        if let Some(c) = &self.reader.cache {
+            let hits = c.take_ahead_hits();
+            if hits > 0 {
+                self.stats.ahead_hits.fetch_add(hits, Relaxed);
+            }
         }
-        let Some(mut m) = sync::try_lock(&a.marks) else {
-            return;
-        };
-        let hits = ids
-            .iter()
-            .filter(|&&id| m.remove(&id) && c.contains(id))
-            .count();
-        a.marks_len.store(m.len(), Relaxed);
-        drop(m);
-        self.stats.ahead_hits.fetch_add(hits as u64, Relaxed);
     }
 
     /// Whether a step was submitted and is not yet done.
@@ -358,12 +338,6 @@ fn ahead_main(sh: Arc<Shared>) {
                     for (&id, row) in misses.iter().zip(out.chunks_exact(rb)) {
                         c.admit(id, row);
                     }
-                    let mut m = lock(&a.marks);
-                    if m.len() + misses.len() > a.cap {
-                        m.clear();
-                    }
-                    m.extend(misses.iter().copied());
-                    a.marks_len.store(m.len(), Relaxed);
                 }
                 st.ahead_read.fetch_add(misses.len() as u64, Relaxed);
                 if sh.reader.cache.is_none() {
@@ -432,12 +406,6 @@ impl super::pipeline::Pipeline {
     #[cfg(test)]
     pub(super) fn ahead_test(&self) -> &TestReader {
         &self.sh.ahead.test
-    }
-
-    /// Tests only: holds the marks' lock as the reader does while it inserts a batch's ids.
-    #[cfg(test)]
-    pub(super) fn hold_ahead_marks(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
-        lock(&self.sh.ahead.marks)
     }
 
     /// Waits up to `timeout` until the read-ahead queue is drained (every row asked is read,

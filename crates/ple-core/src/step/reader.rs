@@ -165,8 +165,7 @@ impl Reader {
 
     /// Reads the rows of one step into `out` (`[tokens][heads][row_bytes]`, at least that many
     /// bytes): hashes `tokens` with their contexts `ctx` (`tokens.len() × (ngram_size - 1)`
-    /// ids, ctx1 first), calls `hashed` with the row ids before any row is read, then reads
-    /// them by the handle's I/O mode. `cancelled` is checked between the phases (true: the step
+    /// ids, ctx1 first), then reads their rows by the handle's I/O mode. `cancelled` is checked between the phases (true: the step
     /// fails with `Error::State`). Returns the step's record (`queue_ns`, `prefill` and
     /// `copy_ns` are the caller's to fill); the accounting that can wait until the step is
     /// handed on is [`Reader::finish_step`].
@@ -176,7 +175,6 @@ impl Reader {
         ctx: &[i32],
         out: &mut [u8],
         s: &mut ReadScratch,
-        hashed: impl FnOnce(&[u64]),
         cancelled: &dyn Fn() -> bool,
     ) -> Result<StepRecord> {
         let n = tokens.len();
@@ -195,7 +193,6 @@ impl Reader {
         self.hash(tokens, ctx, s)?;
         let t1 = Instant::now();
         rec.hash_ns = stats::ns(t1 - t0);
-        hashed(&s.ids);
         let out = &mut out[..want];
         match &self.direct {
             Some(d) => self.read_direct(d, s, out, rec, t1),

@@ -63,14 +63,8 @@ fn run_step(sh: &Shared, job: &Job, s: &mut ReadScratch) -> Result<StepRecord> {
     let staging = unsafe { sh.staging_mut(job.slot) };
     let r: &Reader = &sh.reader;
     let cancelled = || sh.completion.closing();
-    let mut rec = r.read_step(
-        &job.tokens,
-        &job.ctx,
-        staging,
-        s,
-        |ids| sh.count_ahead_hits(ids),
-        &cancelled,
-    )?;
+    let mut rec = r.read_step(&job.tokens, &job.ctx, staging, s, &cancelled)?;
+    sh.count_ahead_hits();
     rec.queue_ns = queue_ns;
     rec.prefill = job.prefill;
     let bytes = rec.rows as usize * r.table.row_bytes();

@@ -1,7 +1,8 @@
 //! The row cache's entry points for read-ahead (`step/ahead.rs`): whether a row is cached, asked
 //! without copying it or touching its recency, and the admission of a row read ahead.
 
-use super::{MAX_ROW_ID, RowCache, mix};
+use super::{AHEAD, MAX_ROW_ID, RowCache, mix};
+use std::sync::atomic::Ordering::Relaxed;
 
 impl RowCache {
     /// Whether row `id` is cached now. Exact (read under the row's shard lock); it copies
@@ -17,8 +18,16 @@ impl RowCache {
     }
 
     /// Admits row `id` read ahead of its step (`src`: its `row_bytes` bytes), as
-    /// [`insert`](RowCache::insert) does a step's miss: a row already cached is left as it is.
+    /// [`insert`](RowCache::insert) does a step's miss, flagged so that the first lookup that
+    /// finds it counts an ahead hit: a row already cached is left as it is (and not flagged).
     pub fn admit(&self, id: u64, src: &[u8]) {
-        self.insert(id, src);
+        self.insert_flagged(id, src, AHEAD);
+    }
+
+    /// The lookups since the last call that found a row [`admit`](RowCache::admit)ted ahead
+    /// for the first time (each such row counts once, at its first hit; one evicted first
+    /// counts never); resets the count.
+    pub fn take_ahead_hits(&self) -> u64 {
+        self.counts.ahead_hits.swap(0, Relaxed)
     }
 }

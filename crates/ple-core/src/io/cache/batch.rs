@@ -54,7 +54,7 @@ impl RowCache {
         let out = &mut out[..ids.len() * rb];
         let n = ids.len();
         let groups = n.div_ceil(GROUP);
-        let mut hits = 0u64;
+        let (mut hits, mut ahead) = (0u64, 0u64);
         // hashes and probes of the groups in flight, group g at (g % 3) * GROUP
         let mut hs = [0u64; 3 * GROUP];
         let mut probes = [Probe::Slow; 3 * GROUP];
@@ -98,7 +98,7 @@ impl RowCache {
                     .zip(probes[b..].iter().zip(&hs[b..]))
                     .enumerate()
                 {
-                    if self.finish(id, h, p, o) {
+                    if self.finish(id, h, p, o, &mut ahead) {
                         hits += 1;
                     } else {
                         miss(first + k, o);
@@ -106,14 +106,18 @@ impl RowCache {
                 }
             }
         }
+        if ahead > 0 {
+            self.counts.ahead_hits.fetch_add(ahead, Relaxed);
+        }
         hits
     }
 
-    /// Pass 3 of one row: whether it is a hit (its row copied into `o`).
+    /// Pass 3 of one row: whether it is a hit (its row copied into `o`); a row read ahead found
+    /// for the first time adds 1 to `ahead`.
     #[inline(always)]
-    fn finish(&self, id: u64, h: u64, p: Probe, o: &mut [u8]) -> bool {
+    fn finish(&self, id: u64, h: u64, p: Probe, o: &mut [u8], ahead: &mut u64) -> bool {
         let Probe::Read { seq, slot } = p else {
-            return id < MAX_ROW_ID && self.lookup(id, o);
+            return id < MAX_ROW_ID && self.lookup_counted(id, o, ahead);
         };
         let s = self.shard(h);
         let mine = slot != NONE && s.header(slot) >> 8 == id;
@@ -125,12 +129,12 @@ impl RowCache {
         let valid = s.seq.load(Relaxed) == seq;
         match (valid, mine) {
             (true, true) => {
-                s.touch(slot, id);
+                *ahead += s.touch(slot, id) as u64;
                 true
             }
             (true, false) if slot == NONE => false,
             // a writer was inside meanwhile, or another row's hash bits
-            _ => self.lookup(id, o),
+            _ => self.lookup_counted(id, o, ahead),
         }
     }
 }

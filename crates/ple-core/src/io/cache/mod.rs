@@ -89,8 +89,14 @@ pub struct CacheCounters {
     pub bytes_used: u64,
 }
 
-/// Bytes of a slot's header: `id << 8 | policy bits`.
+/// Bytes of a slot's header: `id << 8 | flags`, the flags [`AHEAD`] and the policy bits
+/// ([`POLICY_BITS`]).
 const HEADER: usize = 8;
+/// Header flag: the row was admitted by read-ahead ([`RowCache::admit`]) and no lookup has
+/// found it since; the first that does clears it and counts an ahead hit.
+const AHEAD: u8 = 0x80;
+/// The header's policy bits (S3-FIFO's frequency, SIEVE's visited bit).
+const POLICY_BITS: u8 = 0x7F;
 /// Largest index load factor.
 const MAX_LOAD: f64 = 0.75;
 /// Share of an S3-FIFO shard's slots for its small FIFO.
@@ -155,6 +161,8 @@ pub struct RowCache {
 struct Counts {
     hits: AtomicU64,
     misses: AtomicU64,
+    /// Lookups that found a row read ahead for the first time (`RowCache::take_ahead_hits`).
+    ahead_hits: AtomicU64,
 }
 
 #[repr(align(128))]
@@ -385,6 +393,17 @@ impl RowCache {
     /// keep the row's shard busy; counts nothing (the caller [`record`](RowCache::record)s).
     #[inline]
     pub fn lookup(&self, id: u64, dst: &mut [u8]) -> bool {
+        let mut ahead = 0;
+        let hit = self.lookup_counted(id, dst, &mut ahead);
+        if ahead > 0 {
+            self.counts.ahead_hits.fetch_add(ahead, Relaxed);
+        }
+        hit
+    }
+
+    /// [`lookup`](RowCache::lookup), adding 1 to `ahead` when the hit is the first of a row
+    /// read ahead (the callers add their batch's count to the counter once).
+    fn lookup_counted(&self, id: u64, dst: &mut [u8], ahead: &mut u64) -> bool {
         assert_eq!(
             dst.len(),
             self.row_bytes,
@@ -406,7 +425,7 @@ impl RowCache {
                 fence(Acquire);
                 if s.seq.load(Relaxed) == v {
                     return found.is_some_and(|(_, slot)| {
-                        s.touch(slot, id);
+                        *ahead += s.touch(slot, id) as u64;
                         true
                     });
                 }
@@ -417,7 +436,7 @@ impl RowCache {
         let _g = s.lock();
         s.find(id, h).is_some_and(|(_, slot)| {
             s.copy_out(slot, dst);
-            s.touch(slot, id);
+            *ahead += s.touch(slot, id) as u64;
             true
         })
     }
@@ -435,6 +454,11 @@ impl RowCache {
     /// Caches row `id` (`src` is its `row_bytes` bytes), evicting a row if the shard is full. A
     /// row already cached is left as it is; ids ≥ [`MAX_ROW_ID`] are not cached.
     pub fn insert(&self, id: u64, src: &[u8]) {
+        self.insert_flagged(id, src, 0);
+    }
+
+    /// [`insert`](RowCache::insert), the new row's header carrying `flags` ([`AHEAD`] or 0).
+    fn insert_flagged(&self, id: u64, src: &[u8], flags: u8) {
         assert_eq!(
             src.len(),
             self.row_bytes,
@@ -446,7 +470,7 @@ impl RowCache {
         let h = mix(id);
         let s = self.shard(h);
         let mut st = s.lock();
-        s.insert(&mut st, id, h, src);
+        s.insert(&mut st, id, h, src, flags);
     }
 
     /// The counters now (each shard's are read under its lock).
@@ -583,15 +607,17 @@ impl Shard {
 
     #[inline]
     fn bits(&self, slot: u32) -> u8 {
-        self.header(slot) as u8
+        self.header(slot) as u8 & POLICY_BITS
     }
 
-    /// Sets `slot`'s policy bits (under the lock; a racing lookup's bit may be lost, which only
-    /// costs the policy one hit).
+    /// Sets `slot`'s policy bits, keeping its flag (under the lock; a racing lookup's bit may
+    /// be lost, which only costs the policy one hit, and so may its clearing of the flag,
+    /// which then counts one more ahead hit later).
     #[inline]
     fn set_bits(&self, slot: u32, b: u8) {
         let h = self.header(slot);
-        self.hdr(slot).store((h & !0xFF) | b as u64, Relaxed);
+        self.hdr(slot)
+            .store((h & !(POLICY_BITS as u64)) | b as u64, Relaxed);
     }
 
     /// Copies `slot`'s row into `dst` (`row_bytes` long), a word at a time (unrolled for the
@@ -635,21 +661,26 @@ impl Shard {
         }
     }
 
-    /// A hit on `slot` (holding `id`): its policy bit or frequency, by compare-and-swap of the
-    /// header (which fails, harmlessly, if a writer changed it meanwhile).
+    /// A hit on `slot` (holding `id`): its policy bit or frequency, and the [`AHEAD`] flag
+    /// cleared, by one compare-and-swap of the header, only when either changes (which fails,
+    /// harmlessly, if a writer changed it meanwhile). Returns whether this hit cleared the flag
+    /// (the row's first hit since read-ahead admitted it).
     #[inline(always)]
-    fn touch(&self, slot: u32, id: u64) {
+    fn touch(&self, slot: u32, id: u64) -> bool {
         let a = self.hdr(slot);
         let h = a.load(Relaxed);
-        let b = h as u8;
+        let b = h as u8 & POLICY_BITS;
+        let ahead = h as u8 & AHEAD != 0;
         let nb = if self.sieve { 1 } else { (b + 1).min(MAX_FREQ) };
-        if nb != b && h >> 8 == id {
-            let _ = a.compare_exchange(h, (h & !0xFF) | nb as u64, Relaxed, Relaxed);
+        if (nb != b || ahead) && h >> 8 == id {
+            let swapped = a.compare_exchange(h, (h & !0xFF) | nb as u64, Relaxed, Relaxed);
+            return ahead && swapped.is_ok();
         }
+        false
     }
 
     /// Under the lock (`st` is its state).
-    fn insert(&self, st: &mut State, id: u64, h: u64, src: &[u8]) {
+    fn insert(&self, st: &mut State, id: u64, h: u64, src: &[u8], flags: u8) {
         if self.find(id, h).is_some() {
             return;
         }
@@ -672,7 +703,7 @@ impl Shard {
             }
         };
         self.copy_in(slot, src);
-        self.hdr(slot).store(id << 8, Relaxed);
+        self.hdr(slot).store(id << 8 | flags as u64, Relaxed);
         self.index_insert(h, slot);
         self.write_end(v);
         let State { next, q, .. } = st;

@@ -539,3 +539,65 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_row_admitted_ahead_counts_at_its_first_hit_only_and_keeps_its_policy() {
+    let rb = 90;
+    for policy in [Policy::S3Fifo, Policy::Sieve] {
+        let c = cache_of(4096, rb, policy);
+        let mut out = vec![0u8; rb];
+        for id in 0..100u64 {
+            c.admit(id, &row_of(id, rb));
+        }
+        for id in 100..200u64 {
+            c.insert(id, &row_of(id, rb));
+        }
+        // admitting a row already cached does not flag it
+        c.admit(150, &row_of(150, rb));
+        assert_eq!(c.take_ahead_hits(), 0);
+        // single lookups and batched ones: the 50 admitted rows among 0..150 count once
+        for id in 0..50u64 {
+            assert!(c.lookup(id, &mut out));
+            assert_eq!(out, row_of(id, rb));
+        }
+        let ids: Vec<u64> = (0..150).chain(150..200).collect();
+        let mut rows = vec![0u8; ids.len() * rb];
+        let hits = c.lookup_batch(&ids, &mut rows, |_, _| {});
+        assert_eq!(hits, 200, "{policy:?}");
+        for (k, &id) in ids.iter().enumerate() {
+            assert_eq!(
+                &rows[k * rb..(k + 1) * rb],
+                &row_of(id, rb)[..],
+                "{policy:?}"
+            );
+        }
+        assert_eq!(c.take_ahead_hits(), 100, "{policy:?}");
+        c.lookup_batch(&ids, &mut rows, |_, _| {});
+        assert_eq!(c.take_ahead_hits(), 0, "{policy:?}: counted once");
+        check_consistent(&c);
+    }
+}
+
+#[test]
+fn the_ahead_flag_leaves_eviction_as_it_was() {
+    // the same sequence of inserts and lookups, once with every insert an admission: the
+    // same rows stay cached
+    let rb = 90;
+    for policy in [Policy::S3Fifo, Policy::Sieve] {
+        let (plain, flagged) = (cache_of(512, rb, policy), cache_of(512, rb, policy));
+        let mut r = 7u64;
+        let mut out = vec![0u8; rb];
+        for _ in 0..20_000 {
+            let id = skewed(&mut r, 4000);
+            let (a, b) = (plain.lookup(id, &mut out), flagged.lookup(id, &mut out));
+            assert_eq!(a, b, "{policy:?}: row {id}");
+            if !a {
+                plain.insert(id, &row_of(id, rb));
+                flagged.admit(id, &row_of(id, rb));
+            }
+        }
+        assert_eq!(plain.counters().rows, flagged.counters().rows);
+        assert!(flagged.take_ahead_hits() > 0);
+        check_consistent(&flagged);
+    }
+}

@@ -39,17 +39,8 @@ fn read_and_check(r: &Reader, s: &mut ReadScratch, seed: u64, n: usize) -> StepR
     let (tokens, ctx) = step(seed, n);
     let rb = r.table().row_bytes();
     let mut out = vec![0u8; n * 16 * rb];
-    let mut seen = Vec::new();
-    let rec = r
-        .read_step(
-            &tokens,
-            &ctx,
-            &mut out,
-            s,
-            |ids| seen = ids.to_vec(),
-            &|| false,
-        )
-        .unwrap();
+    let rec = r.read_step(&tokens, &ctx, &mut out, s, &|| false).unwrap();
+    let seen = s.ids.clone();
     let mut want = vec![0u64; 16];
     for (i, &t) in tokens.iter().enumerate() {
         r.hasher.ids(t, &ctx[i * 2..(i + 1) * 2], &mut want);
@@ -116,12 +107,12 @@ fn read_step_checks_its_buffer_and_stops_when_cancelled() {
     let rb = r.table().row_bytes();
     let mut small = vec![0u8; 2 * 16 * rb - 1];
     let e = r
-        .read_step(&tokens, &ctx, &mut small, &mut s, |_| {}, &|| false)
+        .read_step(&tokens, &ctx, &mut small, &mut s, &|| false)
         .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     let mut out = vec![0u8; 2 * 16 * rb];
     let e = r
-        .read_step(&tokens, &ctx, &mut out, &mut s, |_| {}, &|| true)
+        .read_step(&tokens, &ctx, &mut out, &mut s, &|| true)
         .unwrap_err();
     assert!(e.to_string().contains("closed while the step ran"), "{e}");
 }
