@@ -10,6 +10,7 @@ use super::super::BenchArgs;
 use super::super::steps::{Shape, Step, make_steps};
 use super::{ms, open};
 use ple_core::error::Result;
+use ple_core::stats::Counters;
 use ple_core::step::Pipeline;
 use ple_testkit::corpus::Corpus;
 use std::time::{Duration, Instant};
@@ -49,6 +50,38 @@ impl Pieces<'_> {
             self.next_seed += 1;
         }
         self.left.pop().expect("a shape of PIECES steps")
+    }
+}
+
+/// Stage sums over the steps of one kind of block (idle or busy), from counter deltas.
+#[derive(Default)]
+struct Stages {
+    steps: u64,
+    queue_ns: u64,
+    hash_ns: u64,
+    gather_ns: u64,
+    done_ns: u64,
+}
+
+impl Stages {
+    fn add(&mut self, a: &Counters, b: &Counters) {
+        self.steps += b.decode_steps - a.decode_steps;
+        self.queue_ns += b.queue_ns - a.queue_ns;
+        self.hash_ns += b.hash_ns - a.hash_ns;
+        self.gather_ns += b.gather_ns - a.gather_ns;
+        self.done_ns += b.decode_step_ns - a.decode_step_ns;
+    }
+
+    /// Means per step, µs.
+    fn means(&self) -> String {
+        let per = |ns: u64| ns as f64 / 1e3 / self.steps.max(1) as f64;
+        format!(
+            "queue {:.1}, hash {:.1}, gather {:.1}, submit-to-done {:.1} µs",
+            per(self.queue_ns),
+            per(self.hash_ns),
+            per(self.gather_ns),
+            per(self.done_ns)
+        )
     }
 }
 
@@ -96,11 +129,15 @@ pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()>
         time_step(&p, st, seq, gap, || Ok(()))?; // warm-up: the step's rows into the cache
     }
     let (mut idle, mut busy) = (Vec::new(), Vec::new());
+    let (mut idle_st, mut busy_st) = (Stages::default(), Stages::default());
     for _ in 0..rounds {
+        let c0 = p.counters();
         for _ in 0..per {
             seq += 1;
             idle.push(time_step(&p, st, seq, gap, || Ok(()))?);
         }
+        let c1 = p.counters();
+        idle_st.add(&c0, &c1);
         if p.wait_ahead_idle(Duration::ZERO) {
             p.prefetch_ahead(&pieces.next().batch())?;
         }
@@ -113,6 +150,7 @@ pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()>
                 Ok(())
             })?);
         }
+        busy_st.add(&c1, &p.counters());
         if !p.wait_ahead_idle(DRAIN) {
             println!("(read-ahead not drained after {DRAIN:?}: the next idle block is not idle)");
         }
@@ -126,6 +164,11 @@ pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()>
         pct(&mut idle, 0.5),
         pct(&mut busy, 0.5),
         c.ahead_read
+    );
+    println!(
+        "  stage means, idle: {}; busy: {}",
+        idle_st.means(),
+        busy_st.means()
     );
     Ok(())
 }
