@@ -249,3 +249,36 @@ pub(crate) fn accumulate(acc: &mut Option<Run>, r: Run) {
         }
     }
 }
+
+/// Stage sums over decode steps, from counter deltas (of one or several spans of steps).
+#[derive(Default)]
+pub(crate) struct Stages {
+    steps: u64,
+    queue_ns: u64,
+    hash_ns: u64,
+    gather_ns: u64,
+    done_ns: u64,
+}
+
+impl Stages {
+    /// Adds the steps between the snapshots `a` and `b` (b later).
+    pub(crate) fn add(&mut self, a: &stats::Counters, b: &stats::Counters) {
+        self.steps += b.decode_steps - a.decode_steps;
+        self.queue_ns += b.queue_ns - a.queue_ns;
+        self.hash_ns += b.hash_ns - a.hash_ns;
+        self.gather_ns += b.gather_ns - a.gather_ns;
+        self.done_ns += b.decode_step_ns - a.decode_step_ns;
+    }
+
+    /// Means per step, µs.
+    pub(crate) fn means(&self) -> String {
+        let per = |ns: u64| ns as f64 / 1e3 / self.steps.max(1) as f64;
+        format!(
+            "queue {:.1}, hash {:.1}, gather {:.1}, submit-to-done {:.1} µs",
+            per(self.queue_ns),
+            per(self.hash_ns),
+            per(self.gather_ns),
+            per(self.done_ns)
+        )
+    }
+}

@@ -337,6 +337,11 @@ fn on_a_slow_device_the_reader_reads_a_few_rows_per_batch() {
     assert_eq!((c.cache_misses, c.ahead_hits), (0, 96), "{c:?}");
 }
 
+/// Whether batch `b` was in flight when step `seq` was submitted.
+fn in_flight_at(b: &super::super::ahead::BatchLog, seq: u64) -> bool {
+    b.submitted_before < seq && b.submitted_after >= seq
+}
+
 #[test]
 fn a_step_submitted_while_a_slow_read_ahead_runs_is_behind_at_most_one_short_batch() {
     let format = RowFormat::Nvfp4;
@@ -363,9 +368,8 @@ fn a_step_submitted_while_a_slow_read_ahead_runs_is_behind_at_most_one_short_bat
         let behind: Vec<_> = log
             .iter()
             .filter(|b| {
-                let in_flight = b.submitted_before < seq && b.submitted_after >= seq;
                 let begun = b.submitted_before >= seq && b.done_before < seq;
-                in_flight || begun
+                in_flight_at(b, seq) || begun
             })
             .collect();
         assert!(behind.len() <= 1, "step {seq} behind {behind:?}");
@@ -395,10 +399,7 @@ fn at_a_steady_cadence_no_batch_is_in_flight_when_a_step_comes() {
     let log = crate::sync::lock(&p.ahead_test().batches).clone();
     let learnt = 8; // (the cadence is known from the 5th submit on; the sizer settles after)
     let hit: Vec<u64> = (learnt..=steps)
-        .filter(|&seq| {
-            log.iter()
-                .any(|b| b.submitted_before < seq && b.submitted_after >= seq)
-        })
+        .filter(|&seq| log.iter().any(|b| in_flight_at(b, seq)))
         .collect();
     let reads_between = log
         .iter()

@@ -7,10 +7,9 @@
 //! queued or in flight; the queue is drained before the next idle block.
 
 use super::super::BenchArgs;
-use super::super::steps::{Shape, Step, make_steps};
+use super::super::steps::{Shape, Stages, Step, make_steps};
 use super::{ms, open};
 use ple_core::error::Result;
-use ple_core::stats::Counters;
 use ple_core::step::Pipeline;
 use ple_testkit::corpus::Corpus;
 use std::time::{Duration, Instant};
@@ -50,38 +49,6 @@ impl Pieces<'_> {
             self.next_seed += 1;
         }
         self.left.pop().expect("a shape of PIECES steps")
-    }
-}
-
-/// Stage sums over the steps of one kind of block (idle or busy), from counter deltas.
-#[derive(Default)]
-struct Stages {
-    steps: u64,
-    queue_ns: u64,
-    hash_ns: u64,
-    gather_ns: u64,
-    done_ns: u64,
-}
-
-impl Stages {
-    fn add(&mut self, a: &Counters, b: &Counters) {
-        self.steps += b.decode_steps - a.decode_steps;
-        self.queue_ns += b.queue_ns - a.queue_ns;
-        self.hash_ns += b.hash_ns - a.hash_ns;
-        self.gather_ns += b.gather_ns - a.gather_ns;
-        self.done_ns += b.decode_step_ns - a.decode_step_ns;
-    }
-
-    /// Means per step, µs.
-    fn means(&self) -> String {
-        let per = |ns: u64| ns as f64 / 1e3 / self.steps.max(1) as f64;
-        format!(
-            "queue {:.1}, hash {:.1}, gather {:.1}, submit-to-done {:.1} µs",
-            per(self.queue_ns),
-            per(self.hash_ns),
-            per(self.gather_ns),
-            per(self.done_ns)
-        )
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::report::pct;
 use super::workload::Workload;
-use crate::commands::bench::steps::Step;
+use crate::commands::bench::steps::{Stages, Step};
 use ple_core::error::Result;
 use ple_core::stats;
 use ple_core::step::{OpenOptions, Pipeline};
@@ -71,14 +71,9 @@ pub(super) fn hit_path(
     }
     let (cached, mmap) = (pct(&lc, 50.0), pct(&lm, 50.0));
     let stages = |a: &stats::Counters, b: &stats::Counters| {
-        let per = |x: u64, y: u64| (y - x) as f64 / 1e3 / (ROUNDS * 30) as f64;
-        format!(
-            "queue {:.1}, hash {:.1}, gather {:.1}, submit-to-done {:.1} µs",
-            per(a.queue_ns, b.queue_ns),
-            per(a.hash_ns, b.hash_ns),
-            per(a.gather_ns, b.gather_ns),
-            per(a.decode_step_ns, b.decode_step_ns)
-        )
+        let mut s = Stages::default();
+        s.add(a, b);
+        s.means()
     };
     println!(
         "  mean per step, cached handle: {}; MMAP handle: {}",
