@@ -467,6 +467,9 @@ typedef struct ple_counters {
   // MMAP with `resident_bytes_max`: bytes of the table dropped from the page cache to keep
   // within the cap.
   uint64_t resident_dropped_bytes;
+  // Read-ahead batches during whose reads a step was submitted: each such step found the
+  // read-ahead reader busy (at most one batch of reads ahead of it).
+  uint64_t ahead_collisions;
 } ple_counters;
 
 // One engine step's tokens. All arrays are read during the call only (`ple_submit` copies them).

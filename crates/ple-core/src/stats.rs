@@ -372,10 +372,7 @@ mod tests {
         let values = std::array::from_fn(|i| 100 + i as u64);
         let c = Counters::from_values(values);
         assert_eq!(c.prefill_steps, 100);
-        assert_eq!(
-            c.resident_dropped_bytes,
-            100 + Counters::NAMES.len() as u64 - 1
-        );
+        assert_eq!(c.ahead_collisions, 100 + Counters::NAMES.len() as u64 - 1);
         for (i, (name, v)) in c.fields().into_iter().enumerate() {
             assert_eq!((name, v), (Counters::NAMES[i], values[i]));
         }

@@ -135,6 +135,7 @@ class Counters(_FieldMapping[int]):
     abandoned_handles: int
     reaped_handles: int
     resident_dropped_bytes: int
+    ahead_collisions: int
 
     @property
     def overall_hit_rate(self) -> float:

@@ -99,4 +99,7 @@ counters! {
     /// MMAP with `resident_bytes_max`: bytes of the table dropped from the page cache to keep
     /// within the cap.
     sum resident_dropped_bytes,
+    /// Read-ahead batches during whose reads a step was submitted: each such step found the
+    /// read-ahead reader busy (at most one batch of reads ahead of it).
+    sum ahead_collisions,
 }

@@ -324,14 +324,18 @@ fn ahead_main(sh: Arc<Shared>) {
         let t0 = Instant::now();
         let submitted = sh.submitted.load(Acquire);
         #[cfg(test)]
-        a.test.read_begins(&sh, misses.len());
+        a.test.read_begins(&sh, submitted, misses.len());
         let read = source.read(&sh, &misses, out);
-        let collided = sh.submitted.load(Acquire) != submitted;
+        let submitted_after = sh.submitted.load(Acquire);
+        let collided = submitted_after != submitted;
+        if collided {
+            st.ahead_collisions.fetch_add(1, Relaxed);
+        }
         let now = Instant::now();
         let room = sh.ahead.cadence.batch_room(now);
         sizer.record(misses.len(), t0.elapsed(), collided, now, room);
         #[cfg(test)]
-        a.test.read_ends(&sh);
+        a.test.read_ends(submitted_after);
         match read {
             Ok(()) => {
                 if let Some(c) = &sh.reader.cache {
@@ -356,8 +360,7 @@ fn ahead_main(sh: Arc<Shared>) {
 #[cfg(test)]
 impl TestReader {
     /// Logs a batch of `rows` reads beginning, then stands in for a slow device.
-    fn read_begins(&self, sh: &Shared, rows: usize) {
-        let submitted = sh.submitted.load(Acquire);
+    fn read_begins(&self, sh: &Shared, submitted: u64, rows: usize) {
         lock(&self.batches).push(BatchLog {
             rows,
             submitted_before: submitted,
@@ -370,9 +373,9 @@ impl TestReader {
         }
     }
 
-    fn read_ends(&self, sh: &Shared) {
+    fn read_ends(&self, submitted_after: u64) {
         if let Some(b) = lock(&self.batches).last_mut() {
-            b.submitted_after = sh.submitted.load(Acquire);
+            b.submitted_after = submitted_after;
         }
     }
 }
@@ -406,6 +409,12 @@ impl super::pipeline::Pipeline {
     #[cfg(test)]
     pub(super) fn ahead_test(&self) -> &TestReader {
         &self.sh.ahead.test
+    }
+
+    /// The `ahead_collisions` counter alone (an atomic load: cheap enough to read around every
+    /// step, as [`counters`](Self::counters) is not).
+    pub fn ahead_collisions(&self) -> u64 {
+        self.sh.stats.ahead_collisions.load(Acquire)
     }
 
     /// Waits up to `timeout` until the read-ahead queue is drained (every row asked is read,

@@ -375,6 +375,13 @@ fn a_step_submitted_while_a_slow_read_ahead_runs_is_behind_at_most_one_short_bat
         assert!(behind.len() <= 1, "step {seq} behind {behind:?}");
     }
     let c = p.counters();
+    // every batch a step was submitted during, and no other, is a collision
+    let during = log
+        .iter()
+        .filter(|b| b.submitted_after != b.submitted_before)
+        .count() as u64;
+    assert!(during > 0, "some steps came during a batch: {log:?}");
+    assert_eq!(c.ahead_collisions, during, "{log:?}");
     assert_eq!(c.ahead_asked, 256, "{c:?}");
     assert!(balanced(&c), "{c:?}");
 }
@@ -414,6 +421,11 @@ fn at_a_steady_cadence_no_batch_is_in_flight_when_a_step_comes() {
         "the reader still reads between the steps: {reads_between} batches"
     );
     let c = p.counters();
+    let during = log
+        .iter()
+        .filter(|b| b.submitted_after != b.submitted_before)
+        .count() as u64;
+    assert_eq!(c.ahead_collisions, during, "{log:?}");
     assert_eq!(c.ahead_asked, 1024, "{c:?}");
     assert!(balanced(&c), "{c:?}");
 }
