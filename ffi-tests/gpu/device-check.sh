@@ -10,9 +10,10 @@
 # nvidia-cuda-runtime-cu12), a Python nvidia-cuda-runtime package) and the driver's libcuda.so.1
 # by path ($PLE_LIBCUDA overrides the search); runs every GPU test and benchmark under `timeout`
 # (at most 6 minutes in all), then, where `target/release/ple` is there, the read-ahead p99
-# check of `ple bench --engine` on the host (at most 90 s more); writes at most 9 files to $OUT
+# check of `ple bench --engine` and the all-cached step of `ple bench steady` on the host (at
+# most 2 minutes more); writes at most 10 files to $OUT
 # (default target/gpu-out): env.txt, build.log, gpu_test / gpu_robust / gpu_bench .log and
-# .json, and engine_p99.log. Exit status 0 iff every check passed; without a GPU (no libcuda.so.1,
+# .json, engine_p99.log and hit_path.log. Exit status 0 iff every check passed; without a GPU (no libcuda.so.1,
 # or no device) it says so and exits 0 having run nothing.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -144,7 +145,8 @@ run gpu_robust 90 "$work/bin/gpu_robust" "$work/tables-robust" "$out"
 run gpu_bench 120 "$work/bin/gpu_bench" "$work/tables-bench" "$out"
 # The read-ahead p99 check (issue 27) on this host's CPUs and disk, where `target/release/ple` was
 # carried: a 1.4 GB generated table, DIRECT reads, steps 22 ms apart (the issue's decode loop)
-# and 5 ms apart. Its figures are a benchmark's, not a pass/fail; a crash fails the run.
+# and 5 ms apart, then the all-cached step against MMAP warm (hit_path.log). Their figures are
+# a benchmark's, not a pass/fail; a crash fails the run.
 ple="$root/target/release/ple"
 if [[ -x "$ple" ]]; then
     run engine_p99 90 bash -c '"$1" synth-table "$2/t" --base 1000000 >/dev/null &&
@@ -152,7 +154,10 @@ if [[ -x "$ple" ]]; then
             --prefill-after-ms 10 --p99-gap-ms 22 --p99-steps 600 --p99-rounds 12 &&
         "$1" bench "$2/t" --engine --engine-prompt-tokens 2048 --pairs 1 --decode-steps 2 \
             --prefill-after-ms 10 --p99-gap-ms 5 --p99-steps 1000 --p99-rounds 20 |
-            grep -E "^device|cached 8x1|stage means"' _ "$ple" "$work"
+            grep -E "^device|cached 8x1|found the reader|stage means"' _ "$ple" "$work"
+    # and the all-cached step against MMAP warm (issue 27, item 4) on the same table
+    run hit_path 30 bash -c '"$1" bench steady "$2/t" --steps 20 --no-reference --cache-bytes 256M |
+        grep -E "all-cached|hit path|mean per step"' _ "$ple" "$work"
 fi
 say "results in $out ($(ls "$out" | tr '\n' ' ')); exit $rc"
 exit $rc

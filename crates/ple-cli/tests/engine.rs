@@ -47,6 +47,8 @@ fn engine_bench_runs_and_its_read_ahead_counters_add_up() {
             "2",
             "--p99-gap-ms",
             "0.5",
+            "--p99-distinct",
+            "40",
         ])
         .output()
         .unwrap();
@@ -67,8 +69,22 @@ fn engine_bench_runs_and_its_read_ahead_counters_add_up() {
         "chunks after the first: exposed wait on/off",
         "TTFT off",
         "decode (8 requests x (1 + 4 drafts)",
-        "cached 8x1 step every 0.5 ms, 2 rounds of 30 idle then 30 busy steps",
+        // the 40 distinct steps stay in the 16 MiB row cache through the read-ahead
+        "cached 8x1 step (40 distinct, 0 cache misses) every 0.5 ms, 2 rounds of 30 idle then 30 busy steps",
     ] {
         assert!(text.contains(part), "no {part:?} in:\n{text}");
     }
+    // the busy steps split into those that found the reader reading and the others
+    let split = text
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("busy steps that found the reader reading: ")
+        })
+        .expect("the collision split");
+    let (n, of) = split
+        .split_once(" of ")
+        .map(|(n, r)| (n, r.split(' ').next().unwrap()))
+        .unwrap();
+    assert!(n.parse::<u64>().unwrap() <= 60 && of == "60", "{split}");
 }

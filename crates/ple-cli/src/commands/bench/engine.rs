@@ -53,15 +53,19 @@ pub struct EngineArgs {
     /// --engine: row cache of the DIRECT handles (MiB); steps timed for the p99 check, idle and
     /// busy each; rounds of idle then busy steps they are timed in (1: one idle block, then one
     /// busy block); the engine's time between two of its steps (ms: the layers' compute of a
-    /// fast decode step).
+    /// fast decode step); the distinct cached 8 × 1 decode steps the check cycles through (1:
+    /// the same step every time, whose rows then stay in the CPU's own caches between steps
+    /// unless the reader's work evicts them).
     #[arg(long, default_value_t = 256)]
     pub engine_cache_mib: u64,
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 10000)]
     pub p99_steps: usize,
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 50)]
     pub p99_rounds: usize,
     #[arg(long, default_value_t = 5.0)]
     pub p99_gap_ms: f64,
+    #[arg(long, default_value_t = 256)]
+    pub p99_distinct: usize,
 }
 
 pub(super) fn ms(d: Duration) -> f64 {

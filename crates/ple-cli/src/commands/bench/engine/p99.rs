@@ -1,5 +1,9 @@
-//! The p99 check of `ple bench --engine`: a cached 8 × 1 step submitted while read-ahead runs
-//! against the same step idle. The two are timed in `--p99-rounds` alternating blocks (idle, then
+//! The p99 check of `ple bench --engine`: cached 8 × 1 decode steps submitted while read-ahead
+//! runs against the same steps idle. The steps cycle through `--p99-distinct` consecutive decode
+//! steps of 8 requests, all in the row cache (a warm-up runs each once; the timed steps' cache
+//! misses are printed), so that, as in an engine's decode loop, a step's rows were last touched
+//! a cycle ago, not 5 ms ago: with one step repeated, its rows and index lines stay in the
+//! CPU's own caches between idle steps, which any other work (the reader's) evicts. The two are timed in `--p99-rounds` alternating blocks (idle, then
 //! busy) so that the machine's other load, whose tails dwarf the reader's on a shared VM, falls on
 //! both alike. Steps come `--p99-gap-ms` apart (the engine's compute between them). A busy block
 //! queues read-ahead of new text a piece at a time, whenever the queue is drained, right after a
@@ -78,9 +82,10 @@ pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()>
         name: "p99".into(),
         reqs: 8,
         toks: 1,
-        steps: 1,
+        steps: e.p99_distinct.max(1),
     };
-    let st = &make_steps(corpus, &shape, 900, eos)[0];
+    let steps = make_steps(corpus, &shape, 900, eos);
+    let step = |seq: u64| &steps[seq as usize % steps.len()];
     let mut pieces = Pieces {
         corpus,
         eos,
@@ -91,17 +96,22 @@ pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()>
     let gap = Duration::from_secs_f64(e.p99_gap_ms.max(0.0) / 1e3);
     let per = e.p99_steps.div_ceil(rounds).max(1);
     let mut seq = 0u64;
-    for _ in 0..10 {
+    for _ in 0..steps.len().max(10) {
         seq += 1;
-        time_step(&p, st, seq, gap, || Ok(()))?; // warm-up: the step's rows into the cache
+        // warm-up: the steps' rows into the cache (no gap: nothing is timed)
+        time_step(&p, step(seq), seq, Duration::ZERO, || Ok(()))?;
     }
+    let c_timed = p.counters();
     let (mut idle, mut busy) = (Vec::new(), Vec::new());
+    // busy steps that found the reader busy (its collision count moved over the step and the
+    // gap after it) and those that did not
+    let (mut hit, mut clear) = (Vec::new(), Vec::new());
     let (mut idle_st, mut busy_st) = (Stages::default(), Stages::default());
     for _ in 0..rounds {
         let c0 = p.counters();
         for _ in 0..per {
             seq += 1;
-            idle.push(time_step(&p, st, seq, gap, || Ok(()))?);
+            idle.push(time_step(&p, step(seq), seq, gap, || Ok(()))?);
         }
         let c1 = p.counters();
         idle_st.add(&c0, &c1);
@@ -110,12 +120,18 @@ pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()>
         }
         for _ in 0..per {
             seq += 1;
-            busy.push(time_step(&p, st, seq, gap, || {
+            let k = p.ahead_collisions();
+            let us = time_step(&p, step(seq), seq, gap, || {
                 if p.wait_ahead_idle(Duration::ZERO) {
                     p.prefetch_ahead(&pieces.next().batch())?;
                 }
                 Ok(())
-            })?);
+            })?;
+            busy.push(us);
+            match p.ahead_collisions() > k {
+                true => hit.push(us),
+                false => clear.push(us),
+            }
         }
         busy_st.add(&c1, &p.counters());
         if !p.wait_ahead_idle(DRAIN) {
@@ -123,14 +139,28 @@ pub(super) fn cached_p99(a: &BenchArgs, corpus: &Corpus, eos: i32) -> Result<()>
         }
     }
     let c = p.counters();
+    let misses = c.cache_misses - c_timed.cache_misses;
     let (i99, b99) = (pct(&mut idle, 0.99), pct(&mut busy, 0.99));
     println!(
-        "cached 8x1 step every {:.1} ms, {rounds} rounds of {per} idle then {per} busy steps: p99 idle {i99:.1} µs, while read-ahead runs {b99:.1} µs, ratio {:.3} (target <= 1.2); p50 {:.1} / {:.1} µs; ahead rows read meanwhile {}",
+        "cached 8x1 step ({} distinct, {misses} cache misses) every {:.1} ms, {rounds} rounds of {per} idle then {per} busy steps: p99 idle {i99:.1} µs, while read-ahead runs {b99:.1} µs, ratio {:.3} (target <= 1.2); p50 {:.1} / {:.1} µs; ahead rows read meanwhile {}",
+        steps.len(),
         ms(gap),
         b99 / i99.max(1e-9),
         pct(&mut idle, 0.5),
         pct(&mut busy, 0.5),
         c.ahead_read
+    );
+    let of = |v: &mut Vec<f64>| match v.is_empty() {
+        true => "-".to_string(),
+        false => format!("p50 {:.1} µs, p99 {:.1} µs", pct(v, 0.5), pct(v, 0.99)),
+    };
+    println!(
+        "  busy steps that found the reader reading: {} of {} ({:.2}%), {}; the others: {}",
+        hit.len(),
+        busy.len(),
+        100.0 * hit.len() as f64 / busy.len().max(1) as f64,
+        of(&mut hit),
+        of(&mut clear)
     );
     println!(
         "  stage means, idle: {}; busy: {}",
