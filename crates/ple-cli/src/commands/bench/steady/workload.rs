@@ -162,6 +162,12 @@ impl Workload {
 
     /// One decode step (a token of every request past its prompt), not advancing the workload.
     pub(super) fn decode_step(&self) -> Step {
+        self.decode_step_at(0)
+    }
+
+    /// The decode step `ahead` steps after the next one (a token of every request past its
+    /// prompt with that many tokens left), not advancing the workload.
+    pub(super) fn decode_step_at(&self, ahead: usize) -> Step {
         let mut st = Step {
             query_start: vec![0],
             ..Default::default()
@@ -169,16 +175,17 @@ impl Workload {
         for r in self
             .reqs
             .iter()
-            .filter(|r| r.pos >= r.doc.prompt && r.pos < r.doc.tokens.len())
+            .filter(|r| r.pos >= r.doc.prompt && r.pos + ahead < r.doc.tokens.len())
         {
             let t = &r.doc.tokens;
-            st.tokens.push(t[r.pos]);
-            st.positions.push(r.pos as i32);
+            let pos = r.pos + ahead;
+            st.tokens.push(t[pos]);
+            st.positions.push(pos as i32);
             st.request_ids.push(r.id);
             st.query_start.push(st.tokens.len() as u32);
             let at = |q: usize| if q < 2 { self.eos } else { t[q - 2] };
-            st.context.push(at(r.pos));
-            st.context.push(at(r.pos + 1));
+            st.context.push(at(pos));
+            st.context.push(at(pos + 1));
         }
         st
     }
