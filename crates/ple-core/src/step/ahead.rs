@@ -6,10 +6,12 @@
 //! ring slot) and appends its row ids to a bounded queue; a dedicated reader thread per handle
 //! (`ple-ahead`, started on the first call, niced to 10) takes them a batch at a time, the batch
 //! sized by [`sizer`] to take at most [`AHEAD_BATCH_TARGET`] at the device's speed it measures
-//! (4 to 64 rows), and back to 4 rows after a batch that a step was submitted during. Right before each batch's reads it waits while a submitted step is not yet done
-//! (`submitted > done`), so a step waits for at most the one short batch of reads in flight when
-//! it was submitted; and where steps come at a cadence ([`cadence`]), out of the quiet window
-//! around the next one, its batches sized to fit between the windows. The reader has its own descriptors (its own io_uring), never the worker's.
+//! (4 to 64 rows), and back to 4 rows after a batch that a step was submitted during. Right
+//! before each batch's reads it waits while a submitted step is not yet done (`submitted >
+//! done`), so a step waits for at most the one short batch of reads in flight when it was
+//! submitted; and where steps come at a cadence ([`cadence`]), out of the quiet window around
+//! the next one, its batches sized to fit between the windows. The reader has its own
+//! descriptors (its own io_uring), never the worker's.
 //! While it reads it holds no lock; it admits rows as a step's misses are inserted (a row cache
 //! shard's lock per row, which a lookup takes only after its lock-free tries fail), flagged in
 //! their slot's header: the first lookup that finds one clears the flag and counts an ahead hit
@@ -333,7 +335,7 @@ fn ahead_main(sh: Arc<Shared>) {
         }
         let now = Instant::now();
         let room = sh.ahead.cadence.batch_room(now);
-        sizer.record(misses.len(), t0.elapsed(), collided, now, room);
+        sizer.record(misses.len(), now - t0, collided, now, room);
         #[cfg(test)]
         a.test.read_ends(submitted_after);
         match read {

@@ -50,20 +50,23 @@ pub struct EngineArgs {
     pub decode_requests: usize,
     #[arg(long, default_value_t = 4)]
     pub drafts: usize,
-    /// --engine: row cache of the DIRECT handles (MiB); steps timed for the p99 check, idle and
-    /// busy each; rounds of idle then busy steps they are timed in (1: one idle block, then one
-    /// busy block); the engine's time between two of its steps (ms: the layers' compute of a
-    /// fast decode step); the distinct cached 8 × 1 decode steps the check cycles through (1:
-    /// the same step every time, whose rows then stay in the CPU's own caches between steps
-    /// unless the reader's work evicts them).
+    /// --engine: row cache of the DIRECT handles (MiB).
     #[arg(long, default_value_t = 256)]
     pub engine_cache_mib: u64,
+    /// --engine p99 check: steps timed, idle and busy each.
     #[arg(long, default_value_t = 10000)]
     pub p99_steps: usize,
+    /// --engine p99 check: rounds of idle then busy steps they are timed in (1: one idle block,
+    /// then one busy block).
     #[arg(long, default_value_t = 50)]
     pub p99_rounds: usize,
+    /// --engine p99 check: the engine's time between two of its steps (ms: the layers' compute
+    /// of a fast decode step).
     #[arg(long, default_value_t = 5.0)]
     pub p99_gap_ms: f64,
+    /// --engine p99 check: distinct cached 8 × 1 decode steps cycled through (1: the same step
+    /// every time, whose rows then stay in the CPU's own caches between steps unless the
+    /// reader's work evicts them).
     #[arg(long, default_value_t = 256)]
     pub p99_distinct: usize,
 }

@@ -18,8 +18,8 @@
 //! (`cadence::Cadence::batch_room`): a longer one shrinks the size in proportion, and the size
 //! doubles only while twice the batch's time fits.
 //! Measured on 2 vCPUs (`ple bench --engine`'s p99 check with 0.5 ms between steps, 5
-//! alternating pairs): batches of at
-//! most 4 rows gave busy/idle p99 ratios of 0.84–1.61, up to 64 rows 1.72–4.15.
+//! alternating pairs): batches of at most 4 rows gave busy/idle p99 ratios of 0.84–1.61, up to
+//! 64 rows 1.72–4.15.
 //!
 //! Invariant: `rows()` is always within `[min, max]`; after a batch of `n` reads that took `t`
 //! with `t - latency` over the target, the next batch is at most `max(min, n * target / (t -

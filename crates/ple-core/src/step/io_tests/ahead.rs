@@ -342,6 +342,13 @@ fn in_flight_at(b: &super::super::ahead::BatchLog, seq: u64) -> bool {
     b.submitted_before < seq && b.submitted_after >= seq
 }
 
+/// The batches of `log` a step was submitted during.
+fn batches_a_step_came_during(log: &[super::super::ahead::BatchLog]) -> u64 {
+    log.iter()
+        .filter(|b| b.submitted_after != b.submitted_before)
+        .count() as u64
+}
+
 #[test]
 fn a_step_submitted_while_a_slow_read_ahead_runs_is_behind_at_most_one_short_batch() {
     let format = RowFormat::Nvfp4;
@@ -376,10 +383,7 @@ fn a_step_submitted_while_a_slow_read_ahead_runs_is_behind_at_most_one_short_bat
     }
     let c = p.counters();
     // every batch a step was submitted during, and no other, is a collision
-    let during = log
-        .iter()
-        .filter(|b| b.submitted_after != b.submitted_before)
-        .count() as u64;
+    let during = batches_a_step_came_during(&log);
     assert!(during > 0, "some steps came during a batch: {log:?}");
     assert_eq!(c.ahead_collisions, during, "{log:?}");
     assert_eq!(c.ahead_asked, 256, "{c:?}");
@@ -421,11 +425,11 @@ fn at_a_steady_cadence_no_batch_is_in_flight_when_a_step_comes() {
         "the reader still reads between the steps: {reads_between} batches"
     );
     let c = p.counters();
-    let during = log
-        .iter()
-        .filter(|b| b.submitted_after != b.submitted_before)
-        .count() as u64;
-    assert_eq!(c.ahead_collisions, during, "{log:?}");
+    assert_eq!(
+        c.ahead_collisions,
+        batches_a_step_came_during(&log),
+        "{log:?}"
+    );
     assert_eq!(c.ahead_asked, 1024, "{c:?}");
     assert!(balanced(&c), "{c:?}");
 }

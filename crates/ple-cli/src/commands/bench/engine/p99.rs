@@ -3,9 +3,9 @@
 //! steps of 8 requests, all in the row cache (a warm-up runs each once; the timed steps' cache
 //! misses are printed), so that, as in an engine's decode loop, a step's rows were last touched
 //! a cycle ago, not 5 ms ago: with one step repeated, its rows and index lines stay in the
-//! CPU's own caches between idle steps, which any other work (the reader's) evicts. The two are timed in `--p99-rounds` alternating blocks (idle, then
-//! busy) so that the machine's other load, whose tails dwarf the reader's on a shared VM, falls on
-//! both alike. Steps come `--p99-gap-ms` apart (the engine's compute between them). A busy block
+//! CPU's own caches between idle steps, which any other work (the reader's) evicts. The two are
+//! timed in `--p99-rounds` alternating blocks (idle, then busy) so that the machine's other
+//! load, whose tails dwarf the reader's on a shared VM, falls on both alike. Steps come `--p99-gap-ms` apart (the engine's compute between them). A busy block
 //! queues read-ahead of new text a piece at a time, whenever the queue is drained, right after a
 //! step (where an engine asks for its next drafts), so every step of it is submitted with rows
 //! queued or in flight; the queue is drained before the next idle block.
