@@ -171,7 +171,8 @@ impl DirectReader {
             None => Engine::Pread(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(DEPTH)
-                    .stack_size(64 << 10)
+                    // (64 KiB overflowed in debug builds; only the pages touched are resident)
+                    .stack_size(256 << 10)
                     .thread_name(|i| format!("ple-pread-{i}"))
                     .build()
                     .map_err(|e| Error::io("starting the pread pool", std::io::Error::other(e)))?,
