@@ -12,10 +12,11 @@
 //! submitted; and where steps come at a cadence ([`cadence`]), out of the quiet window around
 //! the next one, its batches sized to fit between the windows. The reader has its own
 //! descriptors (its own io_uring), never the worker's.
-//! While it reads it holds no lock; it admits rows as a step's misses are inserted (a row cache
-//! shard's lock per row, which a lookup takes only after its lock-free tries fail), flagged in
-//! their slot's header: the first lookup that finds one clears the flag and counts an ahead hit
-//! (`RowCache::take_ahead_hits`), at no cost to the lookups of other rows.
+//! While it reads it holds no lock; once a step submitted meanwhile is done, it admits rows as
+//! a step's misses are inserted (a row cache shard's lock per row, which a lookup takes only
+//! after its lock-free tries fail), flagged in their slot's header: the first lookup that finds
+//! one clears the flag and counts an ahead hit (`RowCache::take_ahead_hits`), at no cost to the
+//! lookups of other rows.
 //!
 //! Invariants: read-ahead only fills caches (a step's rows are read or copied as without it);
 //! the queue holds at most `cap` rows, the oldest dropped beyond it; once the queue is drained,
@@ -340,6 +341,8 @@ fn ahead_main(sh: Arc<Shared>) {
         a.test.read_ends(submitted_after);
         match read {
             Ok(()) => {
+                // a step submitted meanwhile first: the admissions take shard locks
+                wait_for_steps(&sh);
                 if let Some(c) = &sh.reader.cache {
                     for (&id, row) in misses.iter().zip(out.chunks_exact(rb)) {
                         c.admit(id, row);

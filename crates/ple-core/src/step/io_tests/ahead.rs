@@ -433,3 +433,48 @@ fn at_a_steady_cadence_no_batch_is_in_flight_when_a_step_comes() {
     assert_eq!(c.ahead_asked, 1024, "{c:?}");
     assert!(balanced(&c), "{c:?}");
 }
+
+#[test]
+fn steps_close_together_come_between_the_batches_read_right_after_each_step() {
+    let format = RowFormat::Nvfp4;
+    let d = temp_table(format);
+    // 200 µs per read: a batch of 4 rows takes 0.8 ms; 512 rows ahead are ~0.1 s of reads.
+    // Steps every ~4 ms: two batches + the margin before each and a quarter interval after
+    // (2.7 ms) take more than half the interval, so the reader keeps one batch + the margin
+    // before the predicted step and the slack after it free (1.9 ms) and reads right after
+    // each step. Without that window (the rule before) it read on, and most
+    // steps came during a batch.
+    let p = slow_reader(d.path(), 200);
+    p.prefetch_ahead(&Step::new(91, 32).batch()).unwrap();
+    let steps = 40u64;
+    for seq in 1..=steps {
+        std::thread::sleep(Duration::from_micros(3500));
+        step(&p, seq, &Step::new(1000 + seq, 2), format).unwrap();
+    }
+    assert!(p.wait_ahead_idle(IDLE));
+    let log = crate::sync::lock(&p.ahead_test().batches).clone();
+    let learnt = 8;
+    let hit: Vec<u64> = (learnt..=steps)
+        .filter(|&seq| log.iter().any(|b| in_flight_at(b, seq)))
+        .collect();
+    let reads_between = log
+        .iter()
+        .filter(|b| b.submitted_before >= learnt && b.submitted_before < steps)
+        .count();
+    assert!(
+        hit.len() as u64 <= (steps - learnt) / 4,
+        "steps that came while a batch was in flight: {hit:?} of {learnt}..={steps}"
+    );
+    assert!(
+        reads_between as u64 >= (steps - learnt) / 2,
+        "the reader still reads between the steps: {reads_between} batches"
+    );
+    let c = p.counters();
+    assert_eq!(
+        c.ahead_collisions,
+        batches_a_step_came_during(&log),
+        "{log:?}"
+    );
+    assert_eq!(c.ahead_asked, 512, "{c:?}");
+    assert!(balanced(&c), "{c:?}");
+}
