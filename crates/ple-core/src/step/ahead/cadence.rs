@@ -147,6 +147,16 @@ mod tests {
         t
     }
 
+    /// At `at_us` after `last`, `c` is in a quiet window (for batches of `batch`) that ends
+    /// at `end_us` after `last`.
+    fn assert_window_ends(c: &Cadence, last: Instant, at_us: u32, batch: Duration, end_us: u32) {
+        let until = c
+            .quiet_until(last + US * at_us, batch)
+            .expect("in the window");
+        let end = until.duration_since(last);
+        assert!(end > US * (end_us - 1) && end <= US * end_us, "{end:?}");
+    }
+
     #[test]
     fn no_window_until_the_cadence_is_known() {
         let c = Cadence::new();
@@ -169,11 +179,7 @@ mod tests {
             "right after a step"
         );
         assert_eq!(c.quiet_until(last + US * 1690, batch), None);
-        let until = c
-            .quiet_until(last + US * 1710, batch)
-            .expect("in the window");
-        let end = until.duration_since(last);
-        assert!(end > US * 2499 && end <= US * 2500, "{end:?}");
+        assert_window_ends(&c, last, 1710, batch, 2500);
         assert!(c.quiet_until(last + US * 2490, batch).is_some());
         assert_eq!(
             c.quiet_until(last + US * 2510, batch),
@@ -210,11 +216,7 @@ mod tests {
         let batch = US * 100;
         assert_eq!(c.quiet_until(last + US * 160, batch), None, "after a step");
         assert_eq!(c.quiet_until(last + US * 390, batch), None);
-        let until = c
-            .quiet_until(last + US * 410, batch)
-            .expect("in the window");
-        let end = until.duration_since(last);
-        assert!(end > US * 749 && end <= US * 750, "{end:?}");
+        assert_window_ends(&c, last, 410, batch, 750);
         // a batch too long for any room in the interval: no window (short batches instead)
         for at in (0..600).step_by(10) {
             assert_eq!(c.quiet_until(last + US * at, US * 400), None, "{at}");

@@ -390,91 +390,82 @@ fn a_step_submitted_while_a_slow_read_ahead_runs_is_behind_at_most_one_short_bat
     assert!(balanced(&c), "{c:?}");
 }
 
-#[test]
-fn at_a_steady_cadence_no_batch_is_in_flight_when_a_step_comes() {
+/// A slow reader (`us` per row) asked for `tokens` tokens ahead, then `steps` steps of two
+/// tokens `gap` apart; returns the reader's batch log and the counters once it is idle.
+fn steps_at_a_cadence(
+    us: u64,
+    tokens: usize,
+    steps: u64,
+    gap: Duration,
+) -> (Vec<super::super::ahead::BatchLog>, crate::stats::Counters) {
     let format = RowFormat::Nvfp4;
     let d = temp_table(format);
+    let p = slow_reader(d.path(), us);
+    p.prefetch_ahead(&Step::new(91, tokens).batch()).unwrap();
+    for seq in 1..=steps {
+        std::thread::sleep(gap);
+        step(&p, seq, &Step::new(1000 + seq, 2), format).unwrap();
+    }
+    assert!(p.wait_ahead_idle(IDLE));
+    let log = crate::sync::lock(&p.ahead_test().batches).clone();
+    (log, p.counters())
+}
+
+/// Of the steps from `learnt` (once the cadence is known) to `steps`, at most `most_hit` came
+/// while a batch was in flight, and at least one batch began for every two of them; the
+/// collision count is the log's, and every row asked (`asked`) is accounted for.
+fn check_cadence(
+    log: &[super::super::ahead::BatchLog],
+    c: &crate::stats::Counters,
+    learnt: u64,
+    steps: u64,
+    most_hit: usize,
+    asked: u64,
+) {
+    let hit: Vec<u64> = (learnt..=steps)
+        .filter(|&seq| log.iter().any(|b| in_flight_at(b, seq)))
+        .collect();
+    let reads_between = log
+        .iter()
+        .filter(|b| b.submitted_before >= learnt && b.submitted_before < steps)
+        .count();
+    assert!(
+        hit.len() <= most_hit,
+        "steps that came while a batch was in flight: {hit:?} of {learnt}..={steps}"
+    );
+    assert!(
+        reads_between as u64 >= (steps - learnt) / 2,
+        "the reader still reads between the steps: {reads_between} batches"
+    );
+    assert_eq!(
+        c.ahead_collisions,
+        batches_a_step_came_during(log),
+        "{log:?}"
+    );
+    assert_eq!(c.ahead_asked, asked, "{c:?}");
+    assert!(balanced(c), "{c:?}");
+}
+
+#[test]
+fn at_a_steady_cadence_no_batch_is_in_flight_when_a_step_comes() {
     // 300 µs per read: a batch of 4 to 8 rows takes 1.2 to 2.4 ms; 1,024 rows ahead are ~0.3 s
     // of reads, more than the steps' 0.35 s leave between them. Steps every ~12 ms: once the
     // reader knows the cadence it keeps ~5 ms around each step free (two batches and the
     // margin before, the slack after) and reads in the rest. Without the cadence a batch is in
     // flight nearly all the time, so nearly every step comes during one.
-    let p = slow_reader(d.path(), 300);
-    p.prefetch_ahead(&Step::new(91, 64).batch()).unwrap();
-    let steps = 30u64;
-    for seq in 1..=steps {
-        std::thread::sleep(Duration::from_millis(12));
-        step(&p, seq, &Step::new(1000 + seq, 2), format).unwrap();
-    }
-    assert!(p.wait_ahead_idle(IDLE));
-    let log = crate::sync::lock(&p.ahead_test().batches).clone();
-    let learnt = 8; // (the cadence is known from the 5th submit on; the sizer settles after)
-    let hit: Vec<u64> = (learnt..=steps)
-        .filter(|&seq| log.iter().any(|b| in_flight_at(b, seq)))
-        .collect();
-    let reads_between = log
-        .iter()
-        .filter(|b| b.submitted_before >= learnt && b.submitted_before < steps)
-        .count();
-    assert!(
-        hit.len() <= 4,
-        "steps that came while a batch was in flight: {hit:?} of {learnt}..={steps}"
-    );
-    assert!(
-        reads_between as u64 >= (steps - learnt) / 2,
-        "the reader still reads between the steps: {reads_between} batches"
-    );
-    let c = p.counters();
-    assert_eq!(
-        c.ahead_collisions,
-        batches_a_step_came_during(&log),
-        "{log:?}"
-    );
-    assert_eq!(c.ahead_asked, 1024, "{c:?}");
-    assert!(balanced(&c), "{c:?}");
+    let (log, c) = steps_at_a_cadence(300, 64, 30, Duration::from_millis(12));
+    // (the cadence is known from the 5th submit on; the sizer settles after)
+    check_cadence(&log, &c, 8, 30, 4, 1024);
 }
 
 #[test]
 fn steps_close_together_come_between_the_batches_read_right_after_each_step() {
-    let format = RowFormat::Nvfp4;
-    let d = temp_table(format);
     // 200 µs per read: a batch of 4 rows takes 0.8 ms; 512 rows ahead are ~0.1 s of reads.
     // Steps every ~4 ms: two batches + the margin before each and a quarter interval after
     // (2.7 ms) take more than half the interval, so the reader keeps one batch + the margin
     // before the predicted step and the slack after it free (1.9 ms) and reads right after
-    // each step. Without that window (the rule before) it read on, and most
-    // steps came during a batch.
-    let p = slow_reader(d.path(), 200);
-    p.prefetch_ahead(&Step::new(91, 32).batch()).unwrap();
-    let steps = 40u64;
-    for seq in 1..=steps {
-        std::thread::sleep(Duration::from_micros(3500));
-        step(&p, seq, &Step::new(1000 + seq, 2), format).unwrap();
-    }
-    assert!(p.wait_ahead_idle(IDLE));
-    let log = crate::sync::lock(&p.ahead_test().batches).clone();
-    let learnt = 8;
-    let hit: Vec<u64> = (learnt..=steps)
-        .filter(|&seq| log.iter().any(|b| in_flight_at(b, seq)))
-        .collect();
-    let reads_between = log
-        .iter()
-        .filter(|b| b.submitted_before >= learnt && b.submitted_before < steps)
-        .count();
-    assert!(
-        hit.len() as u64 <= (steps - learnt) / 4,
-        "steps that came while a batch was in flight: {hit:?} of {learnt}..={steps}"
-    );
-    assert!(
-        reads_between as u64 >= (steps - learnt) / 2,
-        "the reader still reads between the steps: {reads_between} batches"
-    );
-    let c = p.counters();
-    assert_eq!(
-        c.ahead_collisions,
-        batches_a_step_came_during(&log),
-        "{log:?}"
-    );
-    assert_eq!(c.ahead_asked, 512, "{c:?}");
-    assert!(balanced(&c), "{c:?}");
+    // each step. Without that window (the rule before) it read on, and most steps came during
+    // a batch.
+    let (log, c) = steps_at_a_cadence(200, 32, 40, Duration::from_micros(3500));
+    check_cadence(&log, &c, 8, 40, (40 - 8) / 4, 512);
 }
