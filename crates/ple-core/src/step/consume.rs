@@ -7,7 +7,7 @@
 
 use super::pipeline::Pipeline;
 use super::ring::{Parked, StepStatus};
-use super::shared::{WAIT_BUSY_SPIN, WAIT_SPIN, spin_round};
+use super::shared::{WAIT_SPIN, spin_round};
 
 use crate::dequant::cpu::{self as dequant, OutArgs};
 use crate::error::{Error, Result, panic_text};
@@ -54,7 +54,7 @@ impl Pipeline {
             if i % 16 == 0 && t0.elapsed() >= spin {
                 break;
             }
-            spin_round(t0, i, WAIT_BUSY_SPIN);
+            spin_round(i);
         }
         let parked = c.park_until_done(seq, deadline);
         sh.stats

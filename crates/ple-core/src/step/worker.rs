@@ -5,7 +5,7 @@
 //! [`Completion`]: super::ring::Completion
 
 use super::reader::{ReadScratch, Reader};
-use super::shared::{Shared, WORKER_BUSY_SPIN, WORKER_SPIN, spin_round};
+use super::shared::{Shared, WORKER_SPIN, spin_round};
 use crate::error::{Error, Result, panic_text};
 use crate::format::table::Table;
 use crate::stats::{self, StepRecord};
@@ -134,7 +134,7 @@ fn recv_spin(rx: &mpsc::Receiver<Work>, idle: impl FnOnce()) -> Option<Work> {
             idle();
             return rx.recv().ok();
         }
-        spin_round(start, i, WORKER_BUSY_SPIN);
+        spin_round(i);
     }
 }
 
