@@ -11,7 +11,6 @@ use super::shared::{WAIT_SPIN, spin_round};
 
 use crate::dequant::cpu::{self as dequant, OutArgs};
 use crate::error::{Error, Result, panic_text};
-use crate::io::mmap::gather;
 use crate::stats::{self};
 use std::ffi::c_void;
 use std::panic::AssertUnwindSafe;
@@ -33,9 +32,11 @@ impl Pipeline {
             Some(StepStatus::Consuming) => usize::MAX,
             Some(StepStatus::Pending { rows }) => rows as usize,
         };
-        // Spin only for steps the worker gathers alone (small ones, done in microseconds): a
-        // spinning waiter would take a CPU from the pool gathering a big step.
-        let spin = if rows < gather::PARALLEL_MIN_ROWS {
+        // Spin only for steps the worker reads without the pool (small ones, done in
+        // microseconds; a DIRECT handle's big all-cached steps where its lookups measured
+        // cheaper on the worker): a spinning waiter would take a CPU from the pool gathering a
+        // big step.
+        let spin = if rows != usize::MAX && sh.reader.reads_alone(rows) {
             WAIT_SPIN
         } else {
             Duration::ZERO

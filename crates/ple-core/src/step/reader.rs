@@ -211,6 +211,16 @@ impl Reader {
         self.keep_resident_within_cap(&s.ids, stats);
     }
 
+    /// Whether the gather pool likely takes no part in reading a step of `rows` rows (its
+    /// hashing aside): too small to split; DIRECT without a row cache (the direct reader has
+    /// its own ring); DIRECT with one where its lookups measured cheaper on the worker.
+    pub fn reads_alone(&self, rows: usize) -> bool {
+        if !crate::io::mmap::gather::runs_on_pool(rows, self.pool()) {
+            return true;
+        }
+        self.direct.is_some() && (self.cache.is_none() || !self.placement.prefers_pool(rows))
+    }
+
     /// Whether the page advice waiting for an idle moment ([`Reader::idle`]) is so much that
     /// it should be issued before the next step anyway.
     pub fn idle_overdue(&self, s: &ReadScratch) -> bool {

@@ -21,6 +21,14 @@ fn reader(dir: &std::path::Path, f: impl FnOnce(&mut OpenOptions)) -> Result<Rea
     Ok(r)
 }
 
+/// A small generated table of `format` (`ngram_vocab_size_base` 2,000, 4 shards) in a fresh
+/// directory.
+fn table(format: RowFormat) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    synth::write_table(d.path(), format, &synth::small_config(2000, 4), SEED).unwrap();
+    d
+}
+
 /// `n` tokens with their stateless contexts, from `seed`.
 fn step(seed: u64, n: usize) -> (Vec<i32>, Vec<i32>) {
     let mut x = seed;
@@ -61,8 +69,7 @@ fn read_and_check(r: &Reader, s: &mut ReadScratch, seed: u64, n: usize) -> StepR
 #[test]
 fn a_reader_without_a_worker_reads_the_generated_rows() {
     for format in [RowFormat::Nvfp4, RowFormat::Fp8] {
-        let d = tempfile::tempdir().unwrap();
-        synth::write_table(d.path(), format, &synth::small_config(2000, 4), SEED).unwrap();
+        let d = table(format);
         for cache in [0, 64 << 20] {
             let r = reader(d.path(), |o| {
                 o.io_mode = IoMode::Mmap;
@@ -93,14 +100,7 @@ fn a_reader_without_a_worker_reads_the_generated_rows() {
 
 #[test]
 fn read_step_checks_its_buffer_and_stops_when_cancelled() {
-    let d = tempfile::tempdir().unwrap();
-    synth::write_table(
-        d.path(),
-        RowFormat::Fp8,
-        &synth::small_config(2000, 4),
-        SEED,
-    )
-    .unwrap();
+    let d = table(RowFormat::Fp8);
     let r = reader(d.path(), |o| o.io_mode = IoMode::Mmap).unwrap();
     let mut s = ReadScratch::default();
     let (tokens, ctx) = step(5, 2);
@@ -115,4 +115,54 @@ fn read_step_checks_its_buffer_and_stops_when_cancelled() {
         .read_step(&tokens, &ctx, &mut out, &mut s, &|| true)
         .unwrap_err();
     assert!(e.to_string().contains("closed while the step ran"), "{e}");
+}
+
+#[test]
+fn big_steps_are_read_alone_only_where_lookups_measured_cheaper_on_the_worker() {
+    let d = table(RowFormat::Nvfp4);
+    let big = crate::io::mmap::gather::PARALLEL_MIN_ROWS;
+    // MMAP gathers big steps on the pool, with or without a cache; small ones on the worker
+    for cache in [0, 16 << 20] {
+        let r = reader(d.path(), |o| {
+            o.io_mode = IoMode::Mmap;
+            o.cache_bytes = cache;
+        })
+        .unwrap();
+        assert!(
+            r.reads_alone(big - 1) && !r.reads_alone(big),
+            "cache {cache}"
+        );
+    }
+    // a one-thread pool splits nothing
+    let r = reader(d.path(), |o| {
+        o.io_mode = IoMode::Mmap;
+        o.num_threads = 1;
+    })
+    .unwrap();
+    assert!(r.reads_alone(big) && r.reads_alone(1 << 20));
+    // DIRECT with a cache: the way its lookups measured cheaper (none yet: the pool first)
+    let r = match reader(d.path(), |o| {
+        o.io_mode = IoMode::Direct;
+        o.cache_bytes = 16 << 20;
+    }) {
+        Ok(r) => r,
+        Err(e) => return eprintln!("(no DIRECT reads here: {e})"),
+    };
+    assert!(!r.reads_alone(big));
+    let us = std::time::Duration::from_micros;
+    r.placement.record(big, true, us(40));
+    r.placement.record(big, false, us(10));
+    assert!(r.reads_alone(big) && r.reads_alone(big + 1));
+    assert!(!r.reads_alone(8 * big), "another size class, not measured");
+    for _ in 0..40 {
+        r.placement.record(big, false, us(200));
+    }
+    assert!(!r.reads_alone(big), "the worker alone grew dearer");
+    // DIRECT without a cache: its reads are the direct reader's alone
+    let r = reader(d.path(), |o| {
+        o.io_mode = IoMode::Direct;
+        o.cache_bytes = 0;
+    })
+    .unwrap();
+    assert!(r.reads_alone(big) && r.reads_alone(1 << 20));
 }
