@@ -32,10 +32,8 @@ impl Pipeline {
             Some(StepStatus::Consuming) => usize::MAX,
             Some(StepStatus::Pending { rows }) => rows as usize,
         };
-        // Spin only for steps the worker reads without the pool (small ones, done in
-        // microseconds; a DIRECT handle's big all-cached steps where its lookups measured
-        // cheaper on the worker): a spinning waiter would take a CPU from the pool gathering a
-        // big step.
+        // Spin only where the pool likely takes no part in the step (`Reader::reads_alone`): a
+        // spinning waiter would take a CPU from the pool gathering a big step.
         let spin = if rows != usize::MAX && sh.reader.reads_alone(rows) {
             WAIT_SPIN
         } else {

@@ -166,9 +166,9 @@ impl Reader {
     /// Reads the rows of one step into `out` (`[tokens][heads][row_bytes]`, at least that many
     /// bytes): hashes `tokens` with their contexts `ctx` (`tokens.len() × (ngram_size - 1)`
     /// ids, ctx1 first), then reads their rows by the handle's I/O mode. `cancelled` is checked
-    /// between the phases (true: the step fails with `Error::State`). Returns the step's record (`queue_ns`, `prefill` and
-    /// `copy_ns` are the caller's to fill); the accounting that can wait until the step is
-    /// handed on is [`Reader::finish_step`].
+    /// between the phases (true: the step fails with `Error::State`). Returns the step's record
+    /// (`queue_ns`, `prefill` and `copy_ns` are the caller's to fill); the accounting that can
+    /// wait until the step is handed on is [`Reader::finish_step`].
     pub fn read_step(
         &self,
         tokens: &[i32],
