@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
+from ._errors import invalid_argument
 from ._lib import DTYPE_BF16, DTYPE_F16, DTYPE_F32, PLE_EMBED_DIM
 from ._types import ArrayLike, CudaArrayInterface, DeviceOutput, HostOutput, StreamLike, TensorLike
 
@@ -48,9 +49,47 @@ def _is_torch(x: object) -> "TypeGuard[TensorLike]":
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
 
 
-def host_input(x: ArrayLike, dtype: type, name: str) -> np.ndarray:
-    """A 1-D C-contiguous array of `dtype` over `x`: the caller's memory when it already has that
-    layout (numpy arrays, CPU torch tensors through DLPack), else a converted copy."""
+# the C type each input dtype stands for, for messages
+_C_NAME = {np.dtype(np.int32): "int32_t", np.dtype(np.uint32): "uint32_t", np.dtype(np.uint64): "uint64_t"}
+
+
+def _c_name(dtype: "np.dtype[Any]") -> str:
+    return _C_NAME.get(dtype, dtype.name)
+
+
+def _iinfo(dtype: "np.dtype[Any]") -> "np.iinfo[Any]":
+    return np.iinfo(cast("np.dtype[np.integer[Any]]", dtype))
+
+
+def _at(name: str, shape: Tuple[int, ...], flat: int) -> str:
+    """`name[i]` (or `name[i, j]`) of the element at C-order index `flat`."""
+    idx = np.unravel_index(flat, shape)
+    return f"{name}[{', '.join(str(int(i)) for i in idx)}]"
+
+
+def _from_objects(a: np.ndarray, dtype: "np.dtype[Any]", name: str) -> np.ndarray:
+    """An object array (Python ints beyond int64, mixed sequences) checked element by element."""
+    info = np.iinfo(dtype)
+    flat = a.reshape(-1)
+    for i, v in enumerate(flat):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise invalid_argument(f"{_at(name, a.shape, i)} = {v!r} is not an integer")
+        if not int(info.min) <= int(v) <= int(info.max):
+            raise invalid_argument(
+                f"{_at(name, a.shape, i)} = {int(v)} does not fit {_c_name(dtype)} [{info.min}, {info.max}]"
+            )
+    return np.array([int(v) for v in flat], dtype).reshape(a.shape)
+
+
+def host_input(x: ArrayLike, dtype: type, name: str, *, max_ndim: int = 1) -> np.ndarray:
+    """A C-contiguous array of `dtype` holding exactly the values of `x`: the caller's memory when
+    it already has that layout (numpy arrays, CPU torch tensors through DLPack), else a copy.
+
+    `x` must be an integer array (or sequence of ints) of 1 to `max_ndim` dimensions whose every
+    value fits `dtype`; anything else (floats, bools, values out of range, a wrong rank) raises
+    `PleInvalidArgumentError` naming `name`, the index and the value. Nothing is cast that would
+    change a value. An empty input of any element type is an empty array."""
+    want = np.dtype(dtype)
     if isinstance(x, np.ndarray):
         a = x
     elif _is_torch(x) or hasattr(x, "__dlpack__"):
@@ -59,12 +98,60 @@ def host_input(x: ArrayLike, dtype: type, name: str) -> np.ndarray:
             raise TypeError(f"{name} must be on the CPU (got a tensor on {dev})")
         a = np.from_dlpack(x.detach() if _is_torch(x) else x)  # type: ignore[attr-defined,arg-type]
     else:
-        a = np.asarray(x)
-    if a.ndim != 1:
-        a = a.reshape(-1)
-    if a.dtype != dtype or not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a, dtype=dtype)
+        try:
+            a = np.asarray(x)
+        except (OverflowError, ValueError):  # ints beyond int64/uint64, ragged nesting
+            a = np.array(x, dtype=object)
+        if a.dtype.kind not in "iuO" and a.size:
+            # numpy turns Python ints it cannot hold in one integer dtype (2**64 - 1 beside -1 or 0)
+            # into floats: such a sequence is judged int by int instead
+            objs = np.array(x, dtype=object)
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in objs.reshape(-1)):
+                a = objs
+    if a.ndim == 0 or a.ndim > max_ndim:
+        rank = "1-D" if max_ndim == 1 else f"1-D to {max_ndim}-D"
+        raise invalid_argument(f"{name} must be a {rank} array, got shape {a.shape}")
+    if a.size == 0:
+        return np.empty(a.shape, want)
+    if a.dtype == object:
+        return _from_objects(a, want, name)
+    if a.dtype.kind not in "iu":
+        flat = a.reshape(-1)
+        bad = 0
+        if a.dtype.kind in "fc":  # point at the first value that is not a whole number, if any
+            frac = np.flatnonzero(flat != np.round(flat.real))
+            bad = int(frac[0]) if frac.size else 0
+        raise invalid_argument(
+            f"{name} must be integers ({_c_name(want)}), got a {a.dtype} array: "
+            f"{_at(name, a.shape, bad)} = {flat[bad].item()!r}"
+        )
+    lim, src = _iinfo(want), _iinfo(a.dtype)
+    out = np.zeros(a.shape, bool)
+    # each bound is compared only where the source type reaches past it, so it fits the source type
+    if src.min < lim.min:
+        out |= a < np.array(lim.min, a.dtype)
+    if src.max > lim.max:
+        out |= a > np.array(lim.max, a.dtype)
+    if out.any():
+        i = int(np.flatnonzero(out.reshape(-1))[0])
+        raise invalid_argument(
+            f"{_at(name, a.shape, i)} = {int(a.reshape(-1)[i])} does not fit {_c_name(want)} "
+            f"[{lim.min}, {lim.max}]"
+        )
+    if a.dtype != want or not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a, dtype=want)  # every value fits: a lossless conversion
     return a
+
+
+def host_int(v: object, name: str, lo: int, hi: int) -> int:
+    """`v` as a Python int when it is an integer (not a bool) in ``[lo, hi]``, else
+    `PleInvalidArgumentError` naming `name` and the value."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise invalid_argument(f"{name} must be an integer, got {v!r}")
+    i = int(v)
+    if not lo <= i <= hi:
+        raise invalid_argument(f"{name} = {i} is outside [{lo}, {hi}]")
+    return i
 
 
 @dataclass
@@ -80,6 +167,10 @@ class OutDesc:
 def _desc(
     ptr: int, shape: Sequence[int], strides_el: Optional[Tuple[int, ...]], dtype: int, what: str
 ) -> OutDesc:
+    if len(shape) in (1, 2) and shape[0] == 0:
+        # no rows: nothing to lay out (the strides of an empty array say nothing); the caller
+        # refuses 0 rows against the step's tokens
+        return OutDesc(ptr, 0, PLE_EMBED_DIM, dtype)
     if len(shape) == 1:
         if shape[0] % PLE_EMBED_DIM:
             raise ValueError(f"{what}: 1-D output of {shape[0]} elements is not whole rows of {PLE_EMBED_DIM}")

@@ -118,6 +118,12 @@ ERROR_CLASSES: Dict[Status, Type[PleError]] = {
     Status.OUT_OF_MEMORY: PleOutOfMemoryError,
 }
 
+def invalid_argument(message: str) -> PleInvalidArgumentError:
+    """A `PleInvalidArgumentError` raised by the bindings themselves, before any libple call (an
+    input the C types cannot hold as given)."""
+    return PleInvalidArgumentError(Status.INVALID_ARGUMENT, Status.INVALID_ARGUMENT.c_name, message)
+
+
 # Rust's `io::Error` display of an OS error ends "(os error N)"
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 

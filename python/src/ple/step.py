@@ -23,6 +23,9 @@ class Step:
 
     Used as a context manager, it releases the step on exit unless it was consumed
     (``dequant_*``) or released already; a `packed_rows` view is valid inside the block only.
+    Garbage-collected unconsumed (and not handed to CUDA Graph replays by `Table.graph_prepare`),
+    it is released before the table's next submit, so a dropped step never holds a ring slot;
+    a `packed_rows` view keeps its step alive.
 
     Attributes
     ----------
@@ -169,6 +172,15 @@ class Step:
             self.release()
         except Exception:  # noqa: BLE001 - the exception in flight is the one to report
             pass
+
+    def __del__(self) -> None:
+        """A step garbage-collected before it was consumed is released before the table's next
+        submit (nobody can consume it any more); its table may be closed or closing."""
+        if not self.consumed:
+            try:
+                self.table._orphan(self.seq)
+            except Exception:  # interpreter shutdown: the table's attributes may be gone
+                pass
 
     def __repr__(self) -> str:
         return f"Step(seq={self.seq}, num_tokens={self.num_tokens})"

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _arrays
-from ._errors import PleStateError, Status
+from ._errors import PleStateError, Status, invalid_argument
 from ._facts import Counters, TableInfo, field_names
 from ._lib import (
     COUNTER_FIELDS,
@@ -62,13 +62,11 @@ class _Handle:
                 pass
 
 
+U64_MAX = 2**64 - 1
+
+
 def _seq(step: StepRef) -> int:
-    return step.seq if isinstance(step, Step) else int(step)
-
-
-def _consumed(step: StepRef) -> None:
-    if isinstance(step, Step):
-        step.consumed = True
+    return step.seq if isinstance(step, Step) else _arrays.host_int(step, "seq", 0, U64_MAX)
 
 
 _OPTION_ENUMS: Dict[str, Dict[str, int]] = {
@@ -79,6 +77,13 @@ _OPTION_ENUMS: Dict[str, Dict[str, int]] = {
 }
 _PATH_OPTIONS = ("config_json_path", "checkpoint_dir")
 _OPTION_NAMES = {name for name, *_ in ple_options._fields_} - {"struct_size"}
+_INT_RANGE = {
+    ctypes.c_int32: (-(2**31), 2**31 - 1),
+    ctypes.c_uint32: (0, 2**32 - 1),
+    ctypes.c_uint64: (0, 2**64 - 1),
+}
+# the integer fields of `ple_options` and the range of each one's C type
+_INT_OPTIONS = {f[0]: _INT_RANGE[f[1]] for f in ple_options._fields_ if f[1] in _INT_RANGE}
 
 
 class Table:
@@ -143,6 +148,9 @@ class Table:
             if k in _PATH_OPTIONS and v is not None:
                 v = os.fsencode(v)  # type: ignore[arg-type]
                 keep.append(v)
+            elif k in _INT_OPTIONS:  # ctypes would wrap an out-of-range int silently
+                lo, hi = _INT_OPTIONS[k]
+                v = _arrays.host_int(v, k, lo, hi)
             setattr(o, k, v)
         ptr = ctypes.c_void_p()
         self.path = os.fspath(path)
@@ -153,13 +161,45 @@ class Table:
         self.max_tokens_per_step = int(o.max_tokens_per_step)
         self.max_in_flight = int(o.max_in_flight)
         self._last_seq = 0
+        # the steps submitted through this table and not consumed yet: seq -> num_tokens
+        self._live: Dict[int, int] = {}
+        # the seqs of live steps whose `Step` was garbage-collected: released before the next submit
+        self._orphans: List[int] = []
+        # graph_prepare's base_seq: steps from it on are consumed by graph replays, not by a `Step`
+        self._graph_base: Optional[int] = None
         self.info: TableInfo = self._info()
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Closes the table (a second close is a no-op). Live `packed_rows` views keep the
-        handle open until they are gone."""
+        """Closes the table (a second close is a no-op): every step not consumed is released with
+        the handle. Live `packed_rows` views keep the handle open until they are gone."""
         self._h = None
+        self._live.clear()
+        self._orphans.clear()
+
+    def _consumed(self, step: StepRef) -> None:
+        seq = _seq(step)
+        self._live.pop(seq, None)
+        if isinstance(step, Step):
+            step.consumed = True
+
+    def _orphan(self, seq: int) -> None:
+        """`Step.__del__`: a step nobody can reach any more is released before the next submit, so
+        its ring slot never blocks one. Deferred rather than released here: a finaliser may run
+        between another libple call and its read of the thread's last error message. Steps
+        handed to graph replays (from `graph_prepare`'s base_seq on) are theirs to consume."""
+        if self._h is None or seq not in self._live:
+            return
+        if self._graph_base is not None and seq >= self._graph_base:
+            return
+        self._orphans.append(seq)
+
+    def _release_orphans(self) -> None:
+        while self._orphans:
+            seq = self._orphans.pop()
+            if self._live.pop(seq, None) is not None:
+                # PLE_E_STATE (released meanwhile) or the step's own failure: nobody is left to tell
+                lib.ple_release_step(self._ptr, seq)
 
     @property
     def closed(self) -> bool:
@@ -231,8 +271,8 @@ class Table:
         pos = _arrays.host_input(positions, np.int32, "positions")
         n = toks.size
         if pos.size != n:
-            raise ValueError(f"{n} tokens but {pos.size} positions")
-        ctx = None if context is None else _arrays.host_input(context, np.int32, "context")
+            raise invalid_argument(f"{n} tokens but {pos.size} positions")
+        ctx = None if context is None else _arrays.host_input(context, np.int32, "context", max_ndim=2)
         keep = [toks, pos, ctx]
         cptr = None if ctx is None else ctx.ctypes.data
         if token_request_ids is not None:
@@ -240,7 +280,8 @@ class Table:
                 raise TypeError("pass token_request_ids, or request_ids with query_start, not both")
             tid = _arrays.host_input(token_request_ids, np.uint64, "token_request_ids")
             if tid.size != n:
-                raise ValueError(f"{n} tokens but {tid.size} token_request_ids")
+                raise invalid_argument(f"{n} tokens but {tid.size} token_request_ids")
+            self._check_context(ctx, np.unique(tid).size)
             keep.append(tid)
             tb = ple_token_batch(ctypes.sizeof(ple_token_batch), toks.ctypes.data, pos.ctypes.data,
                                  tid.ctypes.data, n, cptr)  # fmt: skip
@@ -250,11 +291,23 @@ class Table:
         rid = _arrays.host_input(request_ids, np.uint64, "request_ids")
         qs = _arrays.host_input([0, n] if query_start is None else query_start, np.uint32, "query_start")
         if qs.size != rid.size + 1:
-            raise ValueError(f"{rid.size} requests need {rid.size + 1} query_start offsets, got {qs.size}")
+            raise invalid_argument(f"{rid.size} requests need {rid.size + 1} query_start offsets, got {qs.size}")
+        self._check_context(ctx, rid.size)
         keep += [rid, qs]
         b = ple_batch(toks.ctypes.data, pos.ctypes.data, n, rid.ctypes.data, qs.ctypes.data,
                       rid.size, cptr)  # fmt: skip
         return b, keep, n
+
+    def _check_context(self, ctx: Optional[np.ndarray], num_requests: int) -> None:
+        """Stateless mode: libple reads ``num_requests × (ngram_size - 1)`` context tokens."""
+        if ctx is None:
+            return
+        want = num_requests * (self.info.ngram_size - 1)
+        if ctx.size != want:
+            raise invalid_argument(
+                f"context holds {ctx.size} tokens; {num_requests} requests need {want} "
+                f"({self.info.ngram_size - 1} each)"
+            )
 
     def submit(
         self,
@@ -269,8 +322,14 @@ class Table:
     ) -> Step:
         """Submits one engine step (``ple_submit``); the work runs on libple's worker.
 
-        int32 (tokens, positions, context), uint64 (ids) and uint32 (query_start) C-contiguous
-        inputs are read in place; others are converted.
+        Inputs are integer arrays (numpy, CPU tensors, sequences of ints) whose values fit their
+        C types: int32 (tokens, positions, context), uint64 (ids), uint32 (query_start). Such
+        arrays, C-contiguous and of exactly those dtypes, are read in place; others are copied,
+        never with a value changed: a float, a value out of range (a negative request id, a token
+        past 2**31) or a wrong rank raises `PleInvalidArgumentError`.
+
+        A `Step` garbage-collected before it was consumed is released before the next submit:
+        keep it (or a `packed_rows` view of it) while its rows are wanted.
 
         Parameters
         ----------
@@ -296,10 +355,12 @@ class Table:
 
         Raises
         ------
-        TypeError, ValueError
-            Inputs of the wrong kind or length (named).
         PleInvalidArgumentError
-            A batch libple refuses (a token outside the vocabulary, a position repeated, ...).
+            Inputs that are not integer arrays of the right rank, values that do not fit their C
+            type, arrays of mismatched lengths (each named, with the index and the value), or a
+            batch libple refuses (a token outside the vocabulary, a position repeated, ...).
+        TypeError
+            Both batch forms at once.
         PleStateError
             A full ring under ``ring_full_policy="error"``, a `seq` not above the last one
             submitted, or a closed table.
@@ -307,13 +368,15 @@ class Table:
             A full ring that did not free a slot in ``wait_timeout_us``.
         """
         b, keep, n = self._batch(tokens, positions, request_ids, query_start, token_request_ids, context)
-        s = self._last_seq + 1 if seq is None else int(seq)
+        s = self._last_seq + 1 if seq is None else _arrays.host_int(seq, "seq", 0, U64_MAX)
+        self._release_orphans()
         if isinstance(b, ple_token_batch):
             check(lib.ple_submit_tokens(self._ptr, ctypes.byref(b), s))
         else:
             check(lib.ple_submit(self._ptr, ctypes.byref(b), s))
         del keep  # libple copied the batch
         self._last_seq = s
+        self._live[s] = n
         return Step(self, s, n)
 
     def prefetch_ahead(
@@ -397,7 +460,7 @@ class Table:
         PleStateError
             The table is closed.
         """
-        check(lib.ple_release_request(self._ptr, request_id))
+        check(lib.ple_release_request(self._ptr, _arrays.host_int(request_id, "request_id", 0, U64_MAX)))
 
     # -- steps ------------------------------------------------------------------------------
     def wait(self, step: StepRef, timeout_us: Optional[int] = None) -> None:
@@ -419,7 +482,7 @@ class Table:
         PleError
             The step failed: its own error.
         """
-        t = self._wait_timeout_us if timeout_us is None else timeout_us
+        t = self._wait_timeout_us if timeout_us is None else _arrays.host_int(timeout_us, "timeout_us", 0, U64_MAX)
         check(lib.ple_wait(self._ptr, _seq(step), t))
 
     def packed_rows(self, step: StepRef) -> np.ndarray:
@@ -452,6 +515,7 @@ class Table:
             return np.empty((0, heads, rb), np.uint8)
         buf = (ctypes.c_uint8 * size).from_address(ctypes.addressof(rows.contents))
         buf.handle = self._h  # type: ignore[attr-defined]  # the staging lives as long as the handle
+        buf.step = step  # type: ignore[attr-defined]  # and the step is not released before the view goes
         a = np.frombuffer(memoryview(buf), np.uint8).reshape(n.value, heads, rb)
         a.flags.writeable = False
         return a
@@ -470,7 +534,7 @@ class Table:
             The step was consumed or released already, never submitted, or the table is closed.
         """
         check(lib.ple_release_step(self._ptr, _seq(step)))
-        _consumed(step)
+        self._consumed(step)
 
     @overload
     def dequant_cpu(
@@ -493,7 +557,7 @@ class Table:
         Parameters
         ----------
         step : Step or int
-            The step, or its seq (then `out` is needed).
+            The step, or its seq (then `out` is needed unless this table submitted it).
         out : numpy.ndarray or CPU torch tensor, optional
             ``[>= num_tokens, >= 2560]`` or flat; float32, float16 or bfloat16; rows contiguous,
             any row stride. None: a new array.
@@ -514,18 +578,28 @@ class Table:
         PleError
             As in `wait` (the step is then not consumed).
         """
-        n = step.num_tokens if isinstance(step, Step) else None
+        n = self._num_tokens(step)
         if out is None:
             if n is None:
-                raise TypeError("pass out= when the step is given by seq")
+                raise TypeError("pass out= when the step is given by a seq this table did not submit")
             out = np.zeros((n, PLE_EMBED_DIM), dtype)
         d = _arrays.host_output(out)
-        if n is not None and d.rows < n:
-            raise ValueError(f"out holds {d.rows} rows, the step has {n} tokens")
+        self._check_rows(d.rows, n)
         flags = FUSE_ACCUMULATE if accumulate else 0
         check(lib.ple_dequant_cpu(self._ptr, _seq(step), d.ptr, d.dtype, d.stride, flags))
-        _consumed(step)
+        self._consumed(step)
         return out
+
+    def _num_tokens(self, step: StepRef) -> Optional[int]:
+        """The step's tokens: its `Step`'s, or those this table submitted under its seq."""
+        return step.num_tokens if isinstance(step, Step) else self._live.get(_seq(step))
+
+    @staticmethod
+    def _check_rows(rows: int, n: Optional[int]) -> None:
+        if n is not None and rows < n:
+            raise ValueError(f"out holds {rows} rows, the step has {n} tokens")
+        if rows == 0:
+            raise ValueError("out holds 0 rows; a step has at least 1 token")
 
     def dequant_fuse(
         self,
@@ -564,12 +638,11 @@ class Table:
             libple refused (a pending device error, a bad address, ...).
         """
         d = _arrays.device_output(out, dtype)
-        if isinstance(step, Step) and d.rows < step.num_tokens:
-            raise ValueError(f"out holds {d.rows} rows, the step has {step.num_tokens} tokens")
+        self._check_rows(d.rows, self._num_tokens(step))
         flags = FUSE_ACCUMULATE if accumulate else 0
         s = _arrays.stream_handle(stream)
         check(lib.ple_dequant_fuse(self._ptr, s, _seq(step), d.ptr, d.dtype, d.stride, flags))
-        _consumed(step)
+        self._consumed(step)
 
     # -- the GPU side: CUDA Graph mode and device errors ----------------------------------------
     def graph_prepare(self, stream: StreamLike, base_seq: int) -> None:
@@ -592,7 +665,9 @@ class Table:
         PleInvalidArgumentError
             `stream` is capturing, or `base_seq` was consumed already.
         """
-        check(lib.ple_graph_prepare(self._ptr, _arrays.stream_handle(stream), base_seq))
+        base = _arrays.host_int(base_seq, "base_seq", 0, U64_MAX)
+        check(lib.ple_graph_prepare(self._ptr, _arrays.stream_handle(stream), base))
+        self._graph_base = base if self._graph_base is None else min(self._graph_base, base)
 
     def dequant_fuse_graph(
         self,
@@ -631,7 +706,7 @@ class Table:
             libple refused (a pending device error, no `graph_prepare`, ...).
         """
         d = _arrays.device_output(out, dtype)
-        cap = d.rows if capacity_tokens is None else int(capacity_tokens)
+        cap = d.rows if capacity_tokens is None else _arrays.host_int(capacity_tokens, "capacity_tokens", 0, 2**32 - 1)
         if cap > d.rows:
             raise ValueError(f"capacity_tokens {cap}: out holds {d.rows} rows")
         flags = FUSE_ACCUMULATE if accumulate else 0
