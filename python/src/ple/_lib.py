@@ -21,7 +21,7 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
-from typing import Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._errors import PleError as PleError  # re-exported: `_lib.PleError` predates `_errors`
 from ._errors import error_for
@@ -155,47 +155,51 @@ def _find_library() -> str:
     return "libple.so.0.1"  # an installed libple on the loader's path
 
 
+# every function of ple.h: name -> (restype, argtypes); tests/test_lib_signatures.py checks each
+# against the header's prototype. A handle (`struct ple_handle *`) is an opaque c_void_p.
+_HANDLE = c_void_p
+SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
+    "ple_status_name": (c_char_p, [c_int32]),
+    "ple_version_string": (c_char_p, []),
+    "ple_abi_version": (c_uint32, []),
+    "ple_last_error_message": (c_char_p, []),
+    "ple_options_default": (c_int32, [POINTER(ple_options)]),
+    "ple_open": (c_int32, [c_char_p, POINTER(ple_options), POINTER(c_void_p)]),
+    "ple_close": (None, [_HANDLE]),
+    "ple_table_info": (c_int32, [_HANDLE, POINTER(ple_info)]),
+    "ple_stats": (c_int32, [_HANDLE, POINTER(ple_counters)]),
+    "ple_submit": (c_int32, [_HANDLE, POINTER(ple_batch), c_uint64]),
+    "ple_submit_tokens": (c_int32, [_HANDLE, POINTER(ple_token_batch), c_uint64]),
+    "ple_prefetch_ahead": (c_int32, [_HANDLE, POINTER(ple_batch)]),
+    "ple_prefetch_ahead_tokens": (c_int32, [_HANDLE, POINTER(ple_token_batch)]),
+    "ple_wait": (c_int32, [_HANDLE, c_uint64, c_uint64]),
+    "ple_packed_rows": (c_int32, [_HANDLE, c_uint64, POINTER(POINTER(c_uint8)), c_uint32_p]),
+    "ple_release_step": (c_int32, [_HANDLE, c_uint64]),
+    "ple_dequant_cpu": (c_int32, [_HANDLE, c_uint64, c_void_p, c_int32, c_size_t, c_uint32]),
+    "ple_dequant_fuse": (
+        c_int32,
+        [_HANDLE, c_void_p, c_uint64, c_void_p, c_int32, c_size_t, c_uint32],
+    ),
+    "ple_ngram_ids": (c_int32, [_HANDLE, POINTER(ple_batch), c_void_p]),
+    "ple_ngram_ids_tokens": (c_int32, [_HANDLE, POINTER(ple_token_batch), c_void_p]),
+    "ple_release_request": (c_int32, [_HANDLE, c_uint64]),
+    "ple_set_log_callback": (c_int32, [LOG_FN, c_int32, c_void_p]),
+    "ple_check_device": (c_int32, [_HANDLE]),
+    "ple_graph_prepare": (c_int32, [_HANDLE, c_void_p, c_uint64]),
+    "ple_dequant_fuse_graph": (
+        c_int32,
+        [_HANDLE, c_void_p, c_uint32, c_void_p, c_int32, c_size_t, c_uint32],
+    ),
+    "ple_pack_options_default": (c_int32, [POINTER(ple_pack_options)]),
+    "ple_pack": (
+        c_int32,
+        [c_char_p, c_char_p, POINTER(ple_pack_options), PROGRESS_FN, c_void_p],
+    ),
+}
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    h = c_void_p
-    sigs = {
-        "ple_status_name": (c_char_p, [c_int32]),
-        "ple_version_string": (c_char_p, []),
-        "ple_abi_version": (c_uint32, []),
-        "ple_last_error_message": (c_char_p, []),
-        "ple_options_default": (c_int32, [POINTER(ple_options)]),
-        "ple_open": (c_int32, [c_char_p, POINTER(ple_options), POINTER(c_void_p)]),
-        "ple_close": (None, [h]),
-        "ple_table_info": (c_int32, [h, POINTER(ple_info)]),
-        "ple_stats": (c_int32, [h, POINTER(ple_counters)]),
-        "ple_submit": (c_int32, [h, POINTER(ple_batch), c_uint64]),
-        "ple_submit_tokens": (c_int32, [h, POINTER(ple_token_batch), c_uint64]),
-        "ple_prefetch_ahead": (c_int32, [h, POINTER(ple_batch)]),
-        "ple_prefetch_ahead_tokens": (c_int32, [h, POINTER(ple_token_batch)]),
-        "ple_wait": (c_int32, [h, c_uint64, c_uint64]),
-        "ple_packed_rows": (c_int32, [h, c_uint64, POINTER(POINTER(c_uint8)), c_uint32_p]),
-        "ple_release_step": (c_int32, [h, c_uint64]),
-        "ple_dequant_cpu": (c_int32, [h, c_uint64, c_void_p, c_int32, c_size_t, c_uint32]),
-        "ple_dequant_fuse": (
-            c_int32,
-            [h, c_void_p, c_uint64, c_void_p, c_int32, c_size_t, c_uint32],
-        ),
-        "ple_ngram_ids": (c_int32, [h, POINTER(ple_batch), c_void_p]),
-        "ple_ngram_ids_tokens": (c_int32, [h, POINTER(ple_token_batch), c_void_p]),
-        "ple_release_request": (c_int32, [h, c_uint64]),
-        "ple_set_log_callback": (c_int32, [LOG_FN, c_int32, c_void_p]),
-        "ple_check_device": (c_int32, [h]),
-        "ple_graph_prepare": (c_int32, [h, c_void_p, c_uint64]),
-        "ple_dequant_fuse_graph": (
-            c_int32,
-            [h, c_void_p, c_uint32, c_void_p, c_int32, c_size_t, c_uint32],
-        ),
-        "ple_pack_options_default": (c_int32, [POINTER(ple_pack_options)]),
-        "ple_pack": (
-            c_int32,
-            [c_char_p, c_char_p, POINTER(ple_pack_options), PROGRESS_FN, c_void_p],
-        ),
-    }
-    for name, (res, args) in sigs.items():
+    for name, (res, args) in SIGNATURES.items():
         f = getattr(lib, name)
         f.restype = res
         f.argtypes = args
