@@ -252,3 +252,30 @@ def test_from_pretrained_never_loads_the_weight_and_matches_transformers(weight,
     model_with(weight.roll(1, dims=0)).to(torch.bfloat16).save_pretrained(other)
     with pytest.raises(ple.PleError, match="refusing to replace"):
         pt.from_pretrained(other, tab, progress=False)
+
+
+def test_from_pretrained_on_a_packed_table_opens_it_without_packing(weight, tmp_path, capfd):
+    """The first load packs (tqdm's "ple pack" bar on stderr); a second load of the same checkpoint
+    leaves table.rows as it is (same inode, same mtime) and shows no bar. The checks stay: a table
+    whose row file no longer fits its metadata is packed again, and the model still gets the
+    module's rows."""
+    ck, tab = str(tmp_path / "ckpt"), str(tmp_path / "table")
+    model_with(weight).to(torch.bfloat16).save_pretrained(ck)
+    rows = os.path.join(tab, "table.rows")
+    capfd.readouterr()
+    pt.from_pretrained(ck, tab)
+    assert "ple pack" in capfd.readouterr().err
+    before = os.stat(rows)
+    again = pt.from_pretrained(ck, tab)
+    after = os.stat(rows)
+    assert "ple pack" not in capfd.readouterr().err
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+    emb = again.model.layers[1].ple.ple_embedding
+    assert isinstance(emb, pt.OffloadedNGramEmbedding)
+    want = model_with(weight).to(torch.bfloat16).model.layers[1].ple.ple_embedding(PROMPTS, None)
+    assert torch.equal(emb(PROMPTS, None), want)
+    del again, emb
+    os.truncate(rows, before.st_size - 90)  # no longer the table its metadata describes
+    pt.from_pretrained(ck, tab)
+    assert "ple pack" in capfd.readouterr().err
+    assert os.path.getsize(rows) == before.st_size

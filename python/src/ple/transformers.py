@@ -449,18 +449,28 @@ def _without_ngram_weight(cls: Any) -> Any:  # a transformers model class (Any t
 
 
 def _progress_bar() -> Any:
+    """A tqdm bar for `pack`'s progress, opened at the first call that shows bytes still to
+    write: a table `pack` reuses (one call, all written) shows none."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    bar = tqdm(total=0, unit="B", unit_scale=True, desc="ple pack")
+    bar: List[Any] = []
 
     def cb(done: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
-        bar.update(done - bar.n)
+        if not bar:
+            if done >= total:
+                return
+            bar.append(tqdm(total=total, unit="B", unit_scale=True, desc="ple pack"))
+        if bar[0].total != total:
+            bar[0].total = total
+        bar[0].update(done - bar[0].n)
 
-    cb.close = bar.close  # type: ignore[attr-defined]
+    def close() -> None:
+        if bar:
+            bar[0].close()
+
+    cb.close = close  # type: ignore[attr-defined]
     return cb
 
 
@@ -493,7 +503,8 @@ def from_pretrained(
     table_options : dict, optional
         `ple.Table` options (`TableOptions`).
     progress : bool, default True
-        A progress bar while it packs.
+        A progress bar while it packs (none when the table is already there: ``ple_pack``
+        checks it against the checkpoint and reuses it without writing).
     **kwargs
         Passed to the class's ``from_pretrained`` (``dtype``, ``device_map``, ...).
 
