@@ -118,6 +118,12 @@ ctest --test-dir "$work/llama" --output-on-failure
 
 step "Python package: the wheel (with libple.so) in a fresh venv, pytest with no Rust toolchain on PATH"
 PLE_NO_BUILD=1 scripts/build-wheel.sh "$work/wheels" >/dev/null
+# pure Python over libple.so: tagged for any CPython 3 on the platform
+whl=$(ls "$work"/wheels/ple-*.whl)
+case "$(basename "$whl")" in
+  ple-*-py3-none-linux_x86_64.whl) echo "wheel: $(basename "$whl")" ;;
+  *) echo "wheel tag: $(basename "$whl"), expected py3-none-linux_x86_64" >&2; exit 1 ;;
+esac
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check "$work"/wheels/ple-*.whl \
   "pytest>=7" "ml_dtypes>=0.4"
@@ -128,6 +134,17 @@ python3 -m venv "$work/venv"
 env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv/bin/python" examples/python/vllm_style.py \
   "$work/examples/example-table" >/dev/null
 echo "examples/python/vllm_style.py ran on the CPU"
+# the same wheel on another CPython 3 (on PATH, or pyenv's), where one is installed
+other=$(scripts/other-python.sh || true)
+if [ -n "$other" ]; then
+  "$other" -m venv "$work/venv-other"
+  "$work/venv-other/bin/python" -m pip install -q --disable-pip-version-check "$whl"
+  env -i PATH=/usr/bin:/bin HOME="$work" "$work/venv-other/bin/python" examples/python/vllm_style.py \
+    "$work/examples/example-table" >/dev/null
+  echo "the wheel installed and ran examples/python/vllm_style.py on $("$other" --version) ($other)"
+else
+  echo "no CPython 3 other than $(python3 --version) here: the wheel's tag was checked, not a second install"
+fi
 
 step "Hugging Face transformers: the wheel beside torch + transformers (scripts/torch-venv.sh), ple.transformers tests, examples/python/hf_generate.py"
 # the venv is shared (target/torch-venv, or PLE_TORCH_VENV): the wheel goes to a private --target
