@@ -56,12 +56,13 @@ others=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -v '^ple_' || true
 [ -z "$others" ] || { echo "libple.so exports non-ple_ symbols:"; echo "$others"; exit 1; } >&2
 echo "SONAME and exported symbols ok ($(nm -D --defined-only "$so" | grep -c ' ple_') ple_* functions)"
 
-step "pkg-config"
+step "pkg-config: the README's recipe builds a program that runs as it is (RUNPATH from ple.pc)"
 PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --modversion ple
 # shellcheck disable=SC2046
 cc -std=c11 -Wall -Wextra -Werror -pedantic ffi-tests/test_version.c -Iffi-tests \
    $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs ple) -o "$work/pc_version"
-LD_LIBRARY_PATH="$prefix/lib" "$work/pc_version"
+readelf -d "$work/pc_version" | grep -q "RUNPATH.*$prefix/lib" || { echo "pc_version has no RUNPATH to $prefix/lib" >&2; exit 1; }
+env -u LD_LIBRARY_PATH "$work/pc_version"
 
 step "CMake package version rule (SameMinorVersion at 0.x)"
 mkdir -p "$work/vcheck"
