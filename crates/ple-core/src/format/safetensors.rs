@@ -273,8 +273,9 @@ fn check_tensor_entry(
     if let Some(sz) = dtype_size(&t.dtype) {
         let want = t.numel().and_then(|n| n.checked_mul(sz));
         if want != Some(t.len) {
+            let want = want.map_or("more than 2^64 - 1".into(), |n| n.to_string());
             return Err(format!(
-                "tensor '{}' ({} {:?}) needs {want:?} bytes but its data_offsets span {}",
+                "tensor '{}' ({} {:?}) needs {want} bytes but its data_offsets span {}",
                 t.name, t.dtype, t.shape, t.len
             ));
         }
@@ -554,7 +555,11 @@ mod tests {
             r#"{"a":{"dtype":"U8","shape":[2,3],"data_offsets":[0,4]}}"#,
             4,
         );
-        assert!(read_header(&p).unwrap_err().to_string().contains("needs"));
+        let e = read_header(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("tensor 'a' (U8 [2, 3]) needs 6 bytes but its data_offsets span 4"),
+            "{e}"
+        );
         write(r#"{"a":{"dtype":"U8","shape":[4]}}"#, 4);
         assert!(
             read_header(&p)

@@ -210,9 +210,10 @@ impl TableMeta {
             .map_or(self.total_rows, |s| s.whole_total_rows);
         let shard_rows = self.rows_per_shard.checked_mul(self.num_shards as u64);
         if shard_rows != Some(whole_rows) {
+            let product = shard_rows.map_or("more than 2^64 - 1".into(), |n| n.to_string());
             return bad(format!(
-                "total_rows is {whole_rows}, but rows_per_shard {} × num_shards {} = {:?}",
-                self.rows_per_shard, self.num_shards, shard_rows
+                "total_rows is {whole_rows}, but rows_per_shard {} × num_shards {} = {product}",
+                self.rows_per_shard, self.num_shards
             ));
         }
         let addressed = self.hash.addressed_rows();
@@ -524,6 +525,25 @@ mod tests {
             .err()
             .expect("refused");
         assert!(matches!(e, Error::Format(_)), "{e}");
+    }
+
+    #[test]
+    fn a_shard_product_that_misses_total_rows_is_named_in_numbers() {
+        let (_d, m) = small_table();
+        let mut bad = m.clone();
+        bad.num_shards += 1;
+        let want = format!(
+            "total_rows is {}, but rows_per_shard {} × num_shards {} = {}",
+            m.total_rows,
+            m.rows_per_shard,
+            m.num_shards + 1,
+            m.rows_per_shard * (m.num_shards as u64 + 1)
+        );
+        assert!(bad.validate().unwrap_err().to_string().contains(&want));
+        bad.rows_per_shard = u64::MAX;
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains(" = more than 2^64 - 1"), "{e}");
+        assert!(!e.contains("Some(") && !e.contains("None"), "{e}");
     }
 
     #[test]

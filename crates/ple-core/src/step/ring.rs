@@ -36,6 +36,24 @@ pub(super) enum SlotState {
     Consuming { seq: u64, tokens: u32 },
 }
 
+/// How an error message names a slot's state ("the slot {state}").
+impl std::fmt::Display for SlotState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlotState::Free => write!(f, "is free"),
+            SlotState::Pending { seq, tokens } => {
+                write!(f, "holds step {seq} ({tokens} tokens), being gathered")
+            }
+            SlotState::Ready { seq, tokens } => {
+                write!(f, "holds step {seq} ({tokens} tokens), ready")
+            }
+            SlotState::Consuming { seq, tokens } => {
+                write!(f, "holds step {seq} ({tokens} tokens), being consumed")
+            }
+        }
+    }
+}
+
 impl SlotState {
     pub(super) fn seq(self) -> Option<u64> {
         match self {
@@ -497,7 +515,7 @@ impl Completion {
             }
             st => {
                 return Err(Error::State(format!(
-                    "step {seq} is not in ring slot {slot} (seq % {}): {st:?}",
+                    "step {seq} is not in ring slot {slot} (seq % {}): the slot {st}",
                     ring.slots.len()
                 )));
             }

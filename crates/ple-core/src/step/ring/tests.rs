@@ -168,7 +168,10 @@ fn slot_by_seq_takes_exactly_seq_mod_slots() {
     c.publish(4, 1, Ok(()));
     assert_eq!(c.slot_states()[1], SlotState::Consuming { seq: 4, tokens });
     let e = c.claim_early(6, 1).unwrap_err();
-    assert!(e.to_string().contains("not in ring slot 1"), "{e}");
+    let want = format!(
+        "step 6 is not in ring slot 1 (seq % 3): the slot holds step 4 ({tokens} tokens), being consumed"
+    );
+    assert!(e.to_string().contains(&want), "{e}");
     c.end_claim(4, 1, tokens, true);
     assert_eq!(acquire(&c, 7, RingFullPolicy::Error, 0).unwrap(), 1);
 }
