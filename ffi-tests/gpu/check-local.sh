@@ -48,8 +48,10 @@ gcc "${flags[@]}" -I "$tmp/include" "$here/selftest.c" -o "$tmp/selftest" -lm
 "$py" "$here/check-reference.py" "$tmp/dump.txt"
 
 # device-check.sh against a libcuda.so.1 whose every entry point the programs use returns
-# CUDA_ERROR_NO_DEVICE (100): it must build everything and stop, saying no device is there.
-mkdir -p "$tmp/fakecuda"
+# CUDA_ERROR_NO_DEVICE (100), in a folder the loader does not search: it must build everything,
+# load that driver (the folder put on LD_LIBRARY_PATH) and stop on the probe's own "no device"
+# answer, writing at most 8 files.
+mkdir -p "$tmp/fakecuda" "$tmp/badcuda"
 {
     echo '/* stand-in driver: no device */'
     nm -u "$tmp"/*.o | awk '{print $2}' | grep '^cu[A-Z]' | sort -u |
@@ -60,14 +62,28 @@ gcc -shared -fPIC -Wl,-soname,libcuda.so.1 "$tmp/fakecuda/fake.c" -o "$tmp/fakec
 if ! msg=$(OUT="$tmp/dc-out" PLE_LIBCUDA="$tmp/fakecuda/libcuda.so.1" PLE_CUDA_INCLUDE="$staged" \
     bash "$here/device-check.sh" "$so" 2>&1); then
     echo "$msg"
-    cat "$tmp/dc-out/build.log" 2>/dev/null | tail -20
+    tail -20 "$tmp/dc-out/env.txt" 2>/dev/null
     echo "check-local: FAIL: device-check.sh without a device did not exit 0" >&2
     exit 1
 fi
-if ! grep -q "no usable CUDA device" <<<"$msg" || [[ $(ls "$tmp/dc-out" | wc -l) -gt 8 ]]; then
+if ! grep -q "no usable CUDA device" <<<"$msg" ||
+    ! grep -q "^cuInit/cuDeviceGetCount: 100, devices 0" "$tmp/dc-out/env.txt" ||
+    [[ $(ls "$tmp/dc-out" | wc -l) -gt 8 ]]; then
     echo "$msg"
-    echo "check-local: FAIL: device-check.sh did not stop cleanly at 'no device' (or wrote > 8 files)" >&2
+    tail -20 "$tmp/dc-out/env.txt"
+    echo "check-local: FAIL: device-check.sh did not stop cleanly at the probe's 'no device' (or wrote > 8 files)" >&2
     exit 1
 fi
-echo "check-local: device-check.sh builds every program and exits cleanly without a device"
+echo "check-local: device-check.sh builds every program, loads a driver off the loader's path and exits cleanly without a device"
+# a driver the probe cannot load (its SONAME names no file): a failure, never "no device"
+gcc -shared -fPIC -Wl,-soname,libcuda-unfindable.so.1 "$tmp/fakecuda/fake.c" -o "$tmp/badcuda/libcuda.so.1"
+s=0
+msg=$(OUT="$tmp/dc-bad" PLE_LIBCUDA="$tmp/badcuda/libcuda.so.1" PLE_CUDA_INCLUDE="$staged" \
+    bash "$here/device-check.sh" "$so" 2>&1) || s=$?
+if [[ $s -eq 0 ]] || grep -q "no usable CUDA device" <<<"$msg" || ! grep -q "probe could not run (exit 127" <<<"$msg"; then
+    echo "$msg"
+    echo "check-local: FAIL: device-check.sh took a driver its probe cannot load for 'no device' (exit $s)" >&2
+    exit 1
+fi
+echo "check-local: device-check.sh fails (exit $s) when its probe cannot load the driver"
 echo "check-local: OK"

@@ -8,13 +8,17 @@
 # (the first found of: $PLE_CUDA_INCLUDE, $CUDA_HOME/include, /usr/local/cuda*/include,
 # /usr/include, target/gpu-headers (staged by check-local.sh from PyPI's
 # nvidia-cuda-runtime-cu12), a Python nvidia-cuda-runtime package) and the driver's libcuda.so.1
-# by path ($PLE_LIBCUDA overrides the search); runs every GPU test and benchmark under `timeout`
-# (at most 6 minutes in all), then, where `target/release/ple` is there, the read-ahead p99
-# check of `ple bench --engine` and the all-cached step of `ple bench steady` on the host (at
-# most 2 minutes 20 s more); writes at most 10 files to $OUT
-# (default target/gpu-out): env.txt, build.log, gpu_test / gpu_robust / gpu_bench .log and
-# .json, engine_p99.log and hit_path.log. Exit status 0 iff every check passed; without a GPU (no libcuda.so.1,
-# or no device) it says so and exits 0 having run nothing.
+# by path ($PLE_LIBCUDA overrides the search; a driver the loader's cache does not list has its
+# folder put first on LD_LIBRARY_PATH, so the programs and libple load that very driver); runs
+# every GPU test and benchmark under `timeout` (limits below: at most 3 minutes 35 s in all),
+# then, where `target/release/ple` is there, the read-ahead p99 check of `ple bench --engine` and
+# the all-cached step of `ple bench steady` on the host (at most 100 s more; carry the GPU run
+# without `ple` for a rerun of the GPU checks alone). Writes at most 8 files to $OUT (default
+# target/gpu-out; the device tool brings back 8): env.txt (the machine, the build's output, the
+# probe), gpu_test / gpu_robust / gpu_bench .log and .json, host_bench.log. Exit status 0 iff
+# every check passed; without a GPU (no libcuda.so.1, or the probe's own "no device" exit code)
+# it says so and exits 0 having run nothing; a probe that cannot run (its loader failing, a
+# crash) is a failure, never "no device".
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -49,6 +53,12 @@ find_cuda_h() {
 }
 
 libcuda=$(find_libcuda)
+# The programs link the driver by path but load it by its SONAME: where the loader's cache does
+# not list this file (found by scanning a folder, or given in PLE_LIBCUDA), its folder goes first
+# on LD_LIBRARY_PATH, else the probe would fail to load (exit 127) on a machine that has a GPU.
+if [[ -n "$libcuda" ]] && ! ldconfig -p 2>/dev/null | awk '{print $NF}' | grep -qxF "$libcuda"; then
+    export LD_LIBRARY_PATH="$(dirname "$libcuda")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 {
     echo "date: $(date -u +%FT%TZ)"
     echo "host: $(uname -a)"
@@ -95,6 +105,7 @@ build_ok=1
     cat >"$work/probe.c" <<'C'
 #include <cuda.h>
 #include <stdio.h>
+/* exit 0: a device; 3 (and only 3): the driver answers and reports no device */
 int main(void) {
     int n = 0, drv = 0;
     CUresult r = cuInit(0);
@@ -112,53 +123,68 @@ C
     done
     echo "== selftest (CPU-only reference)"
     "$cc" "${flags[@]}" "$here/selftest.c" -o "$work/bin/selftest" -lm || build_ok=0
-} >"$out/build.log" 2>&1
+} >>"$out/env.txt" 2>&1
 if [[ $build_ok -ne 1 ]]; then
-    tail -30 "$out/build.log"
-    say "build failed (see $out/build.log)"
+    tail -30 "$out/env.txt"
+    say "build failed (see $out/env.txt)"
     exit 1
 fi
-if ! "$work/bin/probe" >>"$out/env.txt" 2>&1; then
+echo "== probe run" >>"$out/env.txt"
+"$work/bin/probe" >>"$out/env.txt" 2>&1
+probe=$?
+if [[ $probe -eq 3 ]]; then
     tail -1 "$out/env.txt"
-    say "the driver reports no usable CUDA device: no GPU check can run; nothing done"
+    say "the driver reports no usable CUDA device: no GPU check can run; nothing done" | tee -a "$out/env.txt"
     exit 0
+fi
+if [[ $probe -ne 0 ]]; then
+    tail -3 "$out/env.txt"
+    say "the driver probe could not run (exit $probe; 127: the loader did not find a library): failed" |
+        tee -a "$out/env.txt"
+    exit 1
 fi
 tail -1 "$out/env.txt"
 
 rc=0
-run() { # name limit_s program args...
-    local name=$1 limit=$2
-    shift 2
+run() { # log limit_s name program args...: appends to $out/<log>.log
+    local log=$1 limit=$2 name=$3
+    shift 3
     local t0=$SECONDS
-    timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1
+    echo "== $name" >>"$out/$log.log"
+    timeout -k 5 "$limit" "$@" >>"$out/$log.log" 2>&1
     local s=$?
-    [[ $s -eq 124 || $s -eq 137 ]] && echo "device-check: $name ran past ${limit}s (a hang)" >>"$out/$name.log"
-    say "$name: exit $s after $((SECONDS - t0)) s ($(tail -1 "$out/$name.log"))"
+    [[ $s -eq 124 || $s -eq 137 ]] && echo "device-check: $name ran past ${limit}s (a hang)" >>"$out/$log.log"
+    say "$name: exit $s after $((SECONDS - t0)) s ($(tail -1 "$out/$log.log"))"
     [[ $s -ne 0 ]] && rc=1
 }
-if ! timeout 30 "$work/bin/selftest" "$work/tables-selftest" >"$work/dump.txt" 2>>"$out/build.log"; then
-    say "selftest failed (see build.log)"
+# The limits (seconds), the GPU checks' at most 215 in all: each program's GPU work takes seconds
+# on a device; a stuck wait costs the tests' 10 s wait timeout (common.h), and a program that
+# still runs past its limit has its finished sections in its .json (written per section).
+if ! timeout 20 "$work/bin/selftest" "$work/tables-selftest" >"$work/dump.txt" 2>>"$out/env.txt"; then
+    say "selftest failed (see env.txt)"
     rc=1
 fi
-run gpu_test 120 "$work/bin/gpu_test" "$work/tables-test" "$out"
-run gpu_robust 90 "$work/bin/gpu_robust" "$work/tables-robust" "$out"
-run gpu_bench 120 "$work/bin/gpu_bench" "$work/tables-bench" "$out"
+run gpu_test 75 gpu_test "$work/bin/gpu_test" "$work/tables-test" "$out"
+run gpu_robust 60 gpu_robust "$work/bin/gpu_robust" "$work/tables-robust" "$out"
+run gpu_bench 60 gpu_bench "$work/bin/gpu_bench" "$work/tables-bench" "$out"
 # The read-ahead p99 check (issue 27) on this host's CPUs and disk, where `target/release/ple` was
 # carried: a 1.4 GB generated table, DIRECT reads, steps 22 ms apart (the issue's decode loop),
-# 5 ms and 1 ms apart (on 2 vCPUs the ratio misses 1.2 at 1 ms: does a spare core fix it?), then the all-cached step against MMAP warm (hit_path.log). Their figures are
-# a benchmark's, not a pass/fail; a crash fails the run.
+# 5 ms and 1 ms apart (on 2 vCPUs the ratio misses 1.2 at 1 ms: does a spare core fix it?), then
+# the all-cached step against MMAP warm, both into host_bench.log. Their figures are a
+# benchmark's, not a pass/fail; a crash fails the run. At most 100 s together (36 s of timed
+# steps, idle and busy, plus the table, three short prefills and warm-ups).
 ple="$root/target/release/ple"
 if [[ -x "$ple" ]]; then
-    run engine_p99 110 bash -c '"$1" synth-table "$2/t" --base 1000000 >/dev/null &&
+    run host_bench 80 engine_p99 bash -c '"$1" synth-table "$2/t" --base 1000000 >/dev/null &&
         "$1" bench "$2/t" --engine --engine-prompt-tokens 2048 --pairs 1 --decode-steps 2 \
-            --prefill-after-ms 10 --p99-gap-ms 22 --p99-steps 600 --p99-rounds 12 &&
+            --prefill-after-ms 10 --p99-gap-ms 22 --p99-steps 500 --p99-rounds 10 &&
         "$1" bench "$2/t" --engine --engine-prompt-tokens 2048 --pairs 1 --decode-steps 2 \
             --prefill-after-ms 10 --p99-gap-ms 5 --p99-steps 1000 --p99-rounds 20 &&
         "$1" bench "$2/t" --engine --engine-prompt-tokens 2048 --pairs 1 --decode-steps 2 \
             --prefill-after-ms 10 --p99-gap-ms 1 --p99-steps 2000 --p99-rounds 20 |
             grep -E "^device|cached 8x1|found the reader|stage means"' _ "$ple" "$work"
     # and the all-cached step against MMAP warm (issue 27, item 4) on the same table
-    run hit_path 30 bash -c '"$1" bench steady "$2/t" --steps 20 --no-reference --cache-bytes 256M |
+    run host_bench 20 hit_path bash -c '"$1" bench steady "$2/t" --steps 20 --no-reference --cache-bytes 256M |
         grep -E "all-cached|hit path|mean per step"' _ "$ple" "$work"
 fi
 say "results in $out ($(ls "$out" | tr '\n' ' ')); exit $rc"
