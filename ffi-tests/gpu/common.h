@@ -404,7 +404,12 @@ static inline void free_batch(batch_buf *bb) {
     memset(bb, 0, sizeof *bb);
 }
 
-/* Opens `dir` on device 0 with the given wait mode and timeout (0: default). */
+/* The tests' wait timeout (ple_options.wait_timeout_us) where a test names none: a stuck wait
+ * then costs 10 s of a program's 60-75 s limit in device-check.sh, where the handle's default
+ * (300 s) would cost the whole program. */
+#define TEST_WAIT_TIMEOUT_US 10000000ull
+
+/* Opens `dir` on device 0 with the given wait mode and timeout (0: TEST_WAIT_TIMEOUT_US). */
 static inline ple_status open_gpu(const char *dir, int wait_mode, uint64_t timeout_us, uint32_t in_flight,
                            ple_handle **h) {
     ple_options o;
@@ -413,7 +418,7 @@ static inline ple_status open_gpu(const char *dir, int wait_mode, uint64_t timeo
     o.wait_mode = wait_mode;
     o.max_tokens_per_step = 8192;
     o.max_in_flight = in_flight;
-    if (timeout_us) o.wait_timeout_us = timeout_us;
+    o.wait_timeout_us = timeout_us ? timeout_us : TEST_WAIT_TIMEOUT_US;
     return ple_open(dir, &o, h);
 }
 

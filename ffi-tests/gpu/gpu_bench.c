@@ -212,7 +212,8 @@ static void bench_h2d(const char *root) {
 static void bench_latency(const char *root) {
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/nvfp4", root);
-    const int modes[3] = {PLE_WAIT_HOST, PLE_WAIT_STREAM_OP, PLE_WAIT_SPIN_KERNEL};
+    /* stream op last of the direct fuses: a stream memory wait has no timeout of its own */
+    const int modes[3] = {PLE_WAIT_HOST, PLE_WAIT_SPIN_KERNEL, PLE_WAIT_STREAM_OP};
     const uint32_t sizes[2] = {1, 2048};
     const int reps[2] = {reps_of(200), reps_of(20)};
     fprintf(g_json, "  \"step_latency\": [");
@@ -321,8 +322,11 @@ int main(int argc, char **argv) {
     }
     fprintf(g_json, "{\n  \"device\": \"%s\",\n  \"stream_mem_ops\": %d,\n  \"libple\": \"%s\",\n",
             name, g_stream_ops, ple_version_string());
+    /* flushed after each part: a program killed later keeps the parts it finished */
     bench_kernel(argv[1]);
+    fflush(g_json);
     bench_h2d(argv[1]);
+    fflush(g_json);
     bench_latency(argv[1]);
     fprintf(g_json, "}\n");
     fclose(g_json);

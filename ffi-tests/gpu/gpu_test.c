@@ -12,6 +12,10 @@
  *      CPU dequant bit for bit, holds the whole handle's values in its heads' columns and -0.0
  *      elsewhere; accumulating every shard into one buffer equals the whole accumulate.
  * Robustness (engine copies, close under load, VMM buffers, re-prepare) is gpu_robust.c.
+ * Order: the sections that do not test a wait mode run in SPIN_KERNEL (or graph) mode first, then
+ * (c) with stream op after host and spin kernel, then (b) in AUTO (stream op where the device has
+ * it): a stream memory wait has no timeout of its own, so a stuck one loses only what runs after
+ * it (each section's JSON is flushed when it ends).
  * Usage: gpu_test TABLE_ROOT OUTDIR   (writes OUTDIR/gpu_test.json; exit 0 iff every check passed)
  */
 #include "harness.h"
@@ -29,7 +33,7 @@ static void test_a(table_t tabs[3]) {
     for (int ti = 0; ti < 3; ti++) {
         table_t *t = &tabs[ti];
         ple_handle *h = NULL;
-        if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_AUTO, 0, 4, &h)) != PLE_OK) continue;
+        if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_SPIN_KERNEL, 0, 4, &h)) != PLE_OK) continue;
         ple_info info;
         memset(&info, 0, sizeof info);
         info.struct_size = sizeof info;
@@ -82,17 +86,23 @@ static void test_a(table_t tabs[3]) {
                     out_free(&o);
                     free_batch(&bb);
                 }
-        /* argument checks: a buffer one element too small, host memory, a bad stride */
+        /* argument checks: a buffer a whole token too small, host memory, a bad stride */
         {
             batch_buf bb;
             make_batch(&bb, &r, 4, 1, 9000);
             uint64_t seq = ++g_seq;
             PLE_OK_OR_FAIL(ple_submit(h, &bb.b, seq));
-            CUdeviceptr small;
-            CU(cuMemAlloc(&small, (3 * 2560 + 2559) * 4));
-            ple_status st = ple_dequant_fuse(h, (void *)g_s, seq, (void *)(uintptr_t)small,
+            /* `out` placed 3 tokens before the end of its allocation as the driver reports it
+             * (a driver may round cuMemAlloc sizes up): the 4-token step overruns it by a token */
+            const size_t tok = 2560 * 4;
+            CUdeviceptr small, base;
+            size_t size = 0;
+            CU(cuMemAlloc(&small, 3 * tok));
+            CU(cuMemGetAddressRange(&base, &size, small));
+            CUdeviceptr short_out = base + size - 3 * tok;
+            ple_status st = ple_dequant_fuse(h, (void *)g_s, seq, (void *)(uintptr_t)short_out,
                                              PLE_DTYPE_F32, 2560, 0);
-            CHECK(st == PLE_E_INVALID_ARGUMENT, "too small out buffer: %s (%s)",
+            CHECK(st == PLE_E_INVALID_ARGUMENT, "out buffer a token too small: %s (%s)",
                   ple_status_name(st), ple_last_error_message());
             float *hostbuf = malloc(4 * 2560 * 4);
             st = ple_dequant_fuse(h, (void *)g_s, seq, hostbuf, PLE_DTYPE_F32, 2560, 0);
@@ -181,7 +191,8 @@ static void test_b(table_t *t) {
 
 static void test_c(table_t *t) {
     int p0 = g_pass, f0 = g_fail;
-    const int modes[4] = {PLE_WAIT_HOST, PLE_WAIT_STREAM_OP, PLE_WAIT_SPIN_KERNEL, PLE_WAIT_AUTO};
+    /* stream op (and AUTO, stream op where supported) last: no timeout of their own */
+    const int modes[4] = {PLE_WAIT_HOST, PLE_WAIT_SPIN_KERNEL, PLE_WAIT_STREAM_OP, PLE_WAIT_AUTO};
     char note[256] = "";
     for (int m = 0; m < 4; m++) {
         ple_handle *h = NULL;
@@ -217,7 +228,7 @@ static void test_c(table_t *t) {
 static void test_d(table_t *t) {
     int p0 = g_pass, f0 = g_fail;
     ple_handle *h = NULL;
-    if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_AUTO, 0, 2, &h)) != PLE_OK) {
+    if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_SPIN_KERNEL, 0, 2, &h)) != PLE_OK) {
         section_result("d_graph", f0, p0, "open failed");
         return;
     }
@@ -352,6 +363,8 @@ static ple_status open_shard(const char *dir, uint32_t count, uint32_t index, pl
     ple_options o;
     ple_options_default(&o);
     o.cuda_device = 0;
+    o.wait_mode = PLE_WAIT_SPIN_KERNEL;
+    o.wait_timeout_us = TEST_WAIT_TIMEOUT_US;
     o.max_tokens_per_step = 256;
     o.max_in_flight = 4;
     o.shard_count = count;
@@ -480,11 +493,11 @@ int main(int argc, char **argv) {
     open_table(&tabs[2], argv[1], "bf16", 13);
 
     test_a(tabs);
-    test_b(&tabs[0]);
-    test_c(&tabs[0]);
     test_d(&tabs[0]);
     test_e(&tabs[0]);
     test_f(tabs);
+    test_c(&tabs[0]);
+    test_b(&tabs[0]);
 
     fprintf(g_json, "\n  },\n  \"passed\": %d,\n  \"failed\": %d\n}\n", g_pass, g_fail);
     fclose(g_json);

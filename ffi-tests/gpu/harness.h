@@ -146,7 +146,8 @@ static inline int all_nan(const uint8_t *got, const uint8_t *init, size_t bytes,
     return 1;
 }
 
-/* Writes the JSON of one section and prints its summary. */
+/* Writes the JSON of one section, flushed (a program killed later keeps its finished sections),
+ * and prints its summary. */
 static FILE *g_json;
 static int g_sections;
 static inline void section_result(const char *name, int fail_before, int pass_before, const char *note) {
@@ -155,6 +156,7 @@ static inline void section_result(const char *name, int fail_before, int pass_be
             note ? note : "");
     fprintf(stderr, "[%s] %d passed, %d failed %s\n", name, g_pass - pass_before,
             g_fail - fail_before, note ? note : "");
+    fflush(g_json);
 }
 
 /* Device 0's primary context, current on this thread, and the engine's stream g_s. */
