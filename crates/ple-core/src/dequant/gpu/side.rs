@@ -1,6 +1,7 @@
 //! [`GpuSide`]: the GPU resources of one handle, from open to close.
 
 use super::driver::{Api, CtxGuard, RelaxedCapture, api, ck, cu_error_text, device_attr};
+use super::handshake::Poll;
 use super::layout::*;
 use super::{GpuConfig, WaitKind, select_wait};
 use crate::error::{Error, Result};
@@ -479,11 +480,12 @@ impl GpuSide {
     fn drain_own_work(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         if self.graph_base.load(Ordering::Acquire) != 0 {
+            let poll = Poll::start();
             while self.ctrl_u64(CTRL_ENTERED).load(Ordering::Acquire) > self.consumed_seq() {
                 if Instant::now() > deadline {
                     return false;
                 }
-                std::thread::sleep(Duration::from_micros(20));
+                poll.pause();
             }
         }
         let evs: Vec<Ev> = {
