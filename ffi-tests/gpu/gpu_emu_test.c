@@ -18,7 +18,14 @@
  *      NULL stream works;
  *  (q) 6 graph replays queued before their 6 steps are submitted through 2 ring slots;
  *  (y) ple_open and ple_close while the calling thread captures a graph in global mode;
- *  (t) two engine threads with a stream each fusing alternate steps of one handle.
+ *  (t) two engine threads with a stream each fusing alternate steps of one handle;
+ *  (p) a host-wait fuse whose wait spans ple_graph_prepare (the worker then copies no rows to the
+ *      device): the step is read from where the worker left it;
+ *  (v) ple_dequant_fuse_graph captured in global mode into a VMM tensor straddling two chunks
+ *      (the output check must probe for VMM there): the capture stays valid, replays correct.
+ *      (The emulator counts that probe, cuMemRetainAllocationHandle, as unsafe under capture,
+ *      so every capture of the other sections also checks that a buffer one allocation holds is
+ *      checked without it.)
  * Usage: gpu_emu_test TABLE_ROOT OUTDIR [quick]   (writes OUTDIR/gpu_emu_test.json)
  */
 #include <pthread.h>
@@ -31,7 +38,7 @@ static int g_quick;
 /* the step maximum of the handles here (gpu_test covers 8192, open_gpu's) */
 #define STEP_MAX 1024
 
-/* open_gpu with max_tokens_per_step = STEP_MAX */
+/* open_gpu with max_tokens_per_step = STEP_MAX (timeout 0: TEST_WAIT_TIMEOUT_US) */
 static ple_status open_emu(const char *dir, int wait_mode, uint64_t timeout_us, uint32_t in_flight,
                            ple_handle **h) {
     ple_options o;
@@ -40,7 +47,7 @@ static ple_status open_emu(const char *dir, int wait_mode, uint64_t timeout_us, 
     o.wait_mode = wait_mode;
     o.max_tokens_per_step = STEP_MAX;
     o.max_in_flight = in_flight;
-    if (timeout_us) o.wait_timeout_us = timeout_us;
+    o.wait_timeout_us = timeout_us ? timeout_us : TEST_WAIT_TIMEOUT_US;
     return ple_open(dir, &o, h);
 }
 
@@ -640,6 +647,158 @@ static void test_t(table_t *t) {
     section_result("t_two_engine_threads", f0, p0, note);
 }
 
+/* (p) One ring slot, host wait. Step A's kernel is held on the engine's stream, so step B (the
+ * same slot) is gathered only after it: a thread fuses B (blocking in its host wait), then the
+ * main thread calls ple_graph_prepare (from then on the worker copies no rows to the device), then
+ * the stream is released. B's kernel must read B's rows, not the slot's device rows (A's). */
+typedef struct {
+    ple_handle *h;
+    uint64_t seq;
+    CUdeviceptr out;
+    ple_status st;
+} host_fuse_t;
+
+static void *host_fuser(void *arg) {
+    host_fuse_t *x = arg;
+    CU(cuCtxSetCurrent(g_ctx));
+    x->st = fuse(x->h, x->seq, x->out, PLE_DTYPE_F32, 2560, 0);
+    return NULL;
+}
+
+static void test_p(table_t *t) {
+    int p0 = g_pass, f0 = g_fail;
+    char note[160] = "";
+    rng_t r = {38};
+    ple_handle *h = NULL;
+    if (PLE_OK_OR_FAIL(open_emu(t->dir, PLE_WAIT_HOST, 5000000, 1, &h)) == PLE_OK) {
+        batch_buf bb[2];
+        uint8_t *rows[2];
+        outbuf o[2];
+        for (int i = 0; i < 2; i++) {
+            make_batch(&bb[i], &r, 20 + (uint32_t)i, 1, 64000 + (uint64_t)i * 10);
+            rows[i] = ref_rows(h, t, &bb[i].b);
+            out_alloc(&o[i], &r, 20 + (uint32_t)i, 2560, PLE_DTYPE_F32);
+        }
+        uint64_t a = ++g_seq, b = ++g_seq;
+        PLE_OK_OR_FAIL(ple_submit(h, &bb[0].b, a));
+        /* A complete (its copy done) before the stream is held: with one hardware queue
+         * (CUDA_DEVICE_MAX_CONNECTIONS=1) a copy queued after the hold would wait for it */
+        PLE_OK_OR_FAIL(ple_wait(h, a, 5000000));
+        CU(cuLaunchHostFunc(g_s, hold_stream, (void *)(uintptr_t)600000));
+        ple_status st = fuse(h, a, o[0].d, PLE_DTYPE_F32, 2560, 0);
+        CHECK(st == PLE_OK, "fuse A: %s (%s)", ple_status_name(st), ple_last_error_message());
+        PLE_OK_OR_FAIL(ple_submit(h, &bb[1].b, b));
+        host_fuse_t x = {h, b, o[1].d, PLE_E_PANIC}; /* until the thread sets it */
+        pthread_t th;
+        pthread_create(&th, NULL, host_fuser, &x);
+        usleep(150000); /* the thread is in B's host wait: A's kernel holds the slot */
+        ple_status ws = ple_wait(h, b, 1000);
+        CHECK(ws == PLE_E_TIMEOUT, "step B completed while A's kernel still held its slot (%s)",
+              ple_status_name(ws));
+        PLE_OK_OR_FAIL(ple_graph_prepare(h, (void *)g_s, b + 1));
+        pthread_join(th, NULL);
+        CHECK(x.st == PLE_OK, "fuse B across ple_graph_prepare: %s", ple_status_name(x.st));
+        CU(cuStreamSynchronize(g_s));
+        PLE_OK_OR_FAIL(ple_check_device(h));
+        for (int i = 0; i < 2; i++) {
+            out_fetch(&o[i]);
+            char w[64];
+            snprintf(w, sizeof w, "host fuse across prepare, step %c", 'A' + i);
+            CHECK(compare_ref(o[i].host, o[i].init, o[i].bytes, t, rows[i], 20 + (uint32_t)i,
+                              PLE_DTYPE_F32, 2560, 0, w) == 0, "%s", w);
+            free(rows[i]);
+            out_free(&o[i]);
+            free_batch(&bb[i]);
+        }
+        snprintf(note, sizeof note, "B %s before the prepare", ws == PLE_E_TIMEOUT ? "pending" : "complete");
+        ple_close(h);
+    }
+    section_result("p_host_fuse_across_graph_prepare", f0, p0, note);
+}
+
+/* (v) Two physical chunks mapped back to back (cuMemMap); the captured output straddles them, so
+ * cuMemGetAddressRange reports one chunk only and the output check must probe for VMM during the
+ * engine's global-mode capture. */
+static void test_v(table_t *t) {
+    int p0 = g_pass, f0 = g_fail;
+    char note[160] = "";
+    ple_handle *h = NULL;
+    rng_t r = {39};
+    if (PLE_OK_OR_FAIL(open_emu(t->dir, PLE_WAIT_SPIN_KERNEL, 0, 2, &h)) == PLE_OK) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        size_t gran = 0;
+        CU(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        size_t chunk = gran < (2u << 20) ? (2u << 20) : gran;
+        CUmemGenericAllocationHandle m0, m1;
+        CU(cuMemCreate(&m0, chunk, &prop, 0));
+        CU(cuMemCreate(&m1, chunk, &prop, 0));
+        CUdeviceptr va;
+        CU(cuMemAddressReserve(&va, 2 * chunk, 0, 0, 0));
+        CU(cuMemMap(va, chunk, 0, m0, 0));
+        CU(cuMemMap(va + chunk, chunk, 0, m1, 0));
+        CUmemAccessDesc acc;
+        memset(&acc, 0, sizeof acc);
+        acc.location = prop.location;
+        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        CU(cuMemSetAccess(va, 2 * chunk, &acc, 1));
+        const uint32_t cap = 64; /* 327680 B of bf16, from 128 KiB before the boundary */
+        outbuf o;
+        o.d = va + chunk - (128u << 10);
+        o.bytes = (size_t)cap * EMBED * 2;
+        o.init = malloc(o.bytes);
+        o.host = malloc(o.bytes);
+        PLE_OK_OR_FAIL(ple_graph_prepare(h, (void *)g_s, g_seq + 1));
+        CUgraph g = NULL;
+        CUgraphExec exec = NULL;
+        CU(cuStreamBeginCapture(g_s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        ple_status st = ple_dequant_fuse_graph(h, (void *)g_s, cap, (void *)(uintptr_t)o.d,
+                                               PLE_DTYPE_BF16, EMBED, 0);
+        CUresult er = cuStreamEndCapture(g_s, &g);
+        CHECK(st == PLE_OK, "capture into a VMM tensor over two chunks: %s (%s)",
+              ple_status_name(st), ple_last_error_message());
+        CHECK(er == CUDA_SUCCESS, "the engine's capture after ple_dequant_fuse_graph: %d", (int)er);
+        int replays = 0;
+        if (st == PLE_OK && er == CUDA_SUCCESS) {
+            CU(cuGraphInstantiateWithFlags(&exec, g, 0));
+            for (int k = 0; k < 3; k++) {
+                uint32_t n = k == 0 ? cap : 1 + (uint32_t)(rng_next(&r) % cap);
+                batch_buf bb;
+                make_batch(&bb, &r, n, 2, 65000 + (uint64_t)k * 10);
+                uint8_t *rows = ref_rows(h, t, &bb.b);
+                rng_fill(&r, o.init, o.bytes);
+                CU(cuMemcpyHtoD(o.d, o.init, o.bytes));
+                PLE_OK_OR_FAIL(ple_submit(h, &bb.b, ++g_seq));
+                CU(cuGraphLaunch(exec, g_s));
+                CU(cuStreamSynchronize(g_s));
+                out_fetch(&o);
+                PLE_OK_OR_FAIL(ple_check_device(h));
+                char w[64];
+                snprintf(w, sizeof w, "VMM replay %d (%u tokens)", k, n);
+                CHECK(compare_ref(o.host, o.init, o.bytes, t, rows, n, PLE_DTYPE_BF16, EMBED, 0, w) == 0,
+                      "%s", w);
+                replays++;
+                free(rows);
+                free_batch(&bb);
+            }
+            cuGraphExecDestroy(exec);
+        }
+        if (g) cuGraphDestroy(g);
+        snprintf(note, sizeof note, "chunk %zu B, %d replays", chunk, replays);
+        ple_close(h);
+        free(o.init);
+        free(o.host);
+        cuMemUnmap(va, 2 * chunk);
+        cuMemAddressFree(va, 2 * chunk);
+        cuMemRelease(m0);
+        cuMemRelease(m1);
+    }
+    section_result("v_vmm_capture", f0, p0, note);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: gpu_emu_test TABLE_ROOT OUTDIR [quick]\n");
@@ -676,6 +835,8 @@ int main(int argc, char **argv) {
     test_q(&tabs[0]);
     test_y(&tabs[0]);
     test_t(&tabs[0]);
+    test_p(&tabs[0]);
+    test_v(&tabs[0]);
     fprintf(g_json, "\n  },\n  \"passed\": %d,\n  \"failed\": %d\n}\n", g_pass, g_fail);
     fclose(g_json);
     printf("%d passed, %d failed\n", g_pass, g_fail);

@@ -159,10 +159,13 @@ EMU_API CUresult CUDAAPI cuMemSetAccess(CUdeviceptr p, size_t n, const CUmemAcce
     return covered == n ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* Counted as a "potentially unsafe" call under a stream capture: a driver may count it so (it
+ * takes a reference on a physical allocation), and the emulator takes the strict reading. */
 EMU_API CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
     NEED_INIT;
     if (!h) return CUDA_ERROR_INVALID_VALUE;
     LOCK;
+    if (!unsafe_call_allowed()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     const Mapping *m = find_map(reinterpret_cast<uintptr_t>(addr), 1);
     if (!m) return CUDA_ERROR_INVALID_VALUE;
     m->phys->refs++;

@@ -1,10 +1,10 @@
 //! The engine's side: `fuse` (one step), CUDA Graph mode, and the checks of the engine's stream
 //! and output buffer.
 
-use super::driver::{CtxGuard, ck, launch};
+use super::driver::{CtxGuard, RelaxedCapture, ck, launch};
 use super::layout::*;
 use super::side::GpuSide;
-use super::{OutPlacement, StreamCall, WaitKind, capture_allowed, check_out};
+use super::{OutPlacement, StreamCall, WaitKind, capture_allowed, check_out, vmm_probe_needed};
 use crate::dequant::cpu::OutArgs;
 use crate::error::{Error, Result};
 use crate::sync;
@@ -95,24 +95,20 @@ impl GpuSide {
         r != sys::CUresult::CUDA_SUCCESS || ord == self.device
     }
 
-    /// What the driver says about `out` and the last byte of `extent` bytes from it.
+    /// What the driver says about `out` and the last byte of `extent` bytes from it. The VMM
+    /// probe (`cuMemRetainAllocationHandle`) runs only where `cuMemGetAddressRange` does not
+    /// already cover the extent ([`vmm_probe_needed`]), so a buffer inside one allocation is
+    /// checked with queries alone; where it runs, it runs in relaxed capture mode, so an engine
+    /// capturing `fuse_graph` in global mode never sees a call it may count as unsafe.
     fn placement(&self, out: u64, extent: u64) -> OutPlacement {
         let d = self.d;
         let device_memory = self.is_our_device_memory(out);
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: succeeds only for memory mapped with cuMemMap; the retained handle is
-        // released right below.
-        let vmm = unsafe { (d.cuMemRetainAllocationHandle)(&mut handle, out as *mut c_void) }
-            == sys::CUresult::CUDA_SUCCESS;
-        if vmm {
-            // SAFETY: balances the retain above.
-            let _ = unsafe { (d.cuMemRelease)(handle) };
-        }
         let (mut base, mut size) = (0u64, 0usize);
         // SAFETY: a range query into valid locals.
         let range = (unsafe { (d.cuMemGetAddressRange_v2)(&mut base, &mut size, out) }
             == sys::CUresult::CUDA_SUCCESS)
             .then_some((base, size as u64));
+        let vmm = vmm_probe_needed(out, extent, range) && self.is_vmm(out);
         let last = out.saturating_add(extent.saturating_sub(1));
         OutPlacement {
             device_memory,
@@ -120,6 +116,25 @@ impl GpuSide {
             range,
             last_byte_mapped: self.is_our_device_memory(last),
         }
+    }
+
+    /// Whether `p` lies in memory mapped with `cuMemMap` (the VMM API).
+    fn is_vmm(&self, p: u64) -> bool {
+        let d = self.d;
+        // The retain may run while the engine captures in global mode (`fuse_graph`); in relaxed
+        // mode this thread's calls never invalidate a capture. Without the guard (a driver
+        // without the mode exchange) the probe still runs: it is a query, never a sync.
+        let _m = RelaxedCapture::enter().ok();
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: succeeds only for memory mapped with cuMemMap; the retained handle is
+        // released right below.
+        let vmm = unsafe { (d.cuMemRetainAllocationHandle)(&mut handle, p as *mut c_void) }
+            == sys::CUresult::CUDA_SUCCESS;
+        if vmm {
+            // SAFETY: balances the retain above.
+            let _ = unsafe { (d.cuMemRelease)(handle) };
+        }
+        vmm
     }
 
     fn check_out_ptr(&self, out: u64, args: OutArgs, tokens: u32) -> Result<()> {
@@ -252,10 +267,17 @@ impl GpuSide {
         self.check_slot(slot, seq)?;
         self.check_tokens(num_tokens, "num_tokens")?;
         let (stream, _c) = self.enter_launch(stream, StreamCall::Fuse, out, args, num_tokens)?;
+        let gate = self.enqueue_wait(stream, slot, seq, num_tokens, host_wait)?;
+        // Built after the wait: a host wait may span a `graph_prepare`, after which the worker
+        // copies no rows to the device (`reads_zero_copy`), so parameters built before it would
+        // read the slot's device rows, still an older step's. `graph_base` only ever goes from
+        // 0 to a step, and the worker decided copy or not before publishing the step the wait
+        // saw, so reading zero-copy now is right either way: the staging holds the rows of every
+        // published step.
         let mut dp = self.dequant_params(out, args, num_tokens);
         dp.expected = seq;
         dp.expect_n = num_tokens;
-        dp.flags |= self.enqueue_wait(stream, slot, seq, num_tokens, host_wait)?;
+        dp.flags |= gate;
         let grid = dequant_grid(num_tokens, self.sm_count, self.blocks_per_sm);
         // SAFETY: `dp` matches the kernel's DequantParams; `out` holds the step (checked above);
         // the rows and control blocks outlive the launch (drop drains our kernels first).

@@ -193,12 +193,25 @@ pub struct OutPlacement {
     pub device_memory: bool,
     /// Memory mapped through the virtual memory management API (`cuMemMap`: PyTorch's
     /// expandable segments, vLLM): `cuMemGetAddressRange` then reports only the one physical
-    /// chunk that holds `out`, not the engine's tensor.
+    /// chunk that holds `out`, not the engine's tensor. Probed only where
+    /// [`vmm_probe_needed`]; false where not probed.
     pub vmm: bool,
     /// `cuMemGetAddressRange` of `out`: (base, size), where the driver reports one.
     pub range: Option<(u64, u64)>,
     /// Whether the last byte the step writes is device memory of this device too.
     pub last_byte_mapped: bool,
+}
+
+/// Whether the output check needs to know if `out` is VMM memory: only where the driver's range
+/// of `out` does not cover all `extent` bytes from it. Where it does, [`check_out`]'s verdict is
+/// the same either way (a `cuMemAlloc` allocation holds the extent; a VMM chunk holding it is
+/// mapped memory of the same device up to its last byte), so the probe, a call a driver may
+/// count as unsafe during an engine's global-mode capture, is skipped.
+pub fn vmm_probe_needed(out: u64, extent: u64, range: Option<(u64, u64)>) -> bool {
+    match (range, out.checked_add(extent)) {
+        (Some((base, size)), Some(end)) => out < base || end > base.saturating_add(size),
+        _ => true,
+    }
 }
 
 /// Checks that `out` can take `extent` bytes of `dtype` elements: non-NULL, aligned for the
@@ -309,6 +322,31 @@ mod tests {
             vmm: false,
             range: Some((base, size)),
             last_byte_mapped: true,
+        }
+    }
+
+    #[test]
+    fn vmm_is_probed_only_where_the_range_does_not_cover_the_extent() {
+        let (base, size) = (0x1000_0000u64, 4096u64);
+        assert!(!vmm_probe_needed(base, size, Some((base, size))));
+        assert!(!vmm_probe_needed(base + 96, 4000, Some((base, size))));
+        assert!(vmm_probe_needed(base + 96, 4001, Some((base, size))));
+        assert!(vmm_probe_needed(base - 4, 8, Some((base, size))));
+        assert!(vmm_probe_needed(base, 16, None));
+        assert!(vmm_probe_needed(u64::MAX - 3, 16, Some((0, u64::MAX))));
+        // Where the probe is skipped, check_out's verdict does not depend on what it would say.
+        for (out, extent) in [(base, size), (base + 96, 4000), (base + 4092, 4)] {
+            assert!(!vmm_probe_needed(out, extent, Some((base, size))));
+            for vmm in [false, true] {
+                let at = OutPlacement {
+                    vmm,
+                    ..legacy(base, size)
+                };
+                assert!(
+                    check_out(out, extent, 4, &at).is_ok(),
+                    "{out:#x}+{extent} vmm {vmm}"
+                );
+            }
         }
     }
 
