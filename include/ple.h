@@ -626,6 +626,12 @@ ple_status ple_open(const char *table_dir, const struct ple_options *options, st
 // `ple_close` of the same pointer: handle values are never reused within a process, so a stale
 // pointer never closes another handle.
 //
+// A GPU handle (`cuda_device >= 0`) first releases its device waits and waits (at most 10 s)
+// for its own kernels and copies only; the bound above holds for it only while the engine's
+// streams are idle: freeing its device and pinned memory (`cuMemFree`, `cuMemFreeHost`)
+// synchronises the device in the CUDA driver, so `ple_close` then also waits for the work the
+// engine has queued on the device (docs/GPU.md, "Close").
+//
 // # Safety
 // Safe for any value of `handle`: it is looked up, never dereferenced, and a value that is not
 // an open handle is ignored (and logged at debug level). It may be called from a libple callback.
