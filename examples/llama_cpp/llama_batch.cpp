@@ -3,7 +3,7 @@
 //
 //   llama_batch_example <table_dir>
 //
-// Mapping (see the README's "llama.cpp forks" section):
+// Mapping (see docs/INTEGRATION.md, "llama.cpp forks"):
 //   token[i], pos[i]             -> ple_token_batch.tokens / .positions (read in place)
 //   seq_id[i][0]                 -> token_request_ids[i]
 //   n_seq_id[i] > 1              -> the token's rows are the same in each of its sequences (they

@@ -202,8 +202,8 @@ pub unsafe extern "C" fn ple_table_info(
 /// Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
 /// May run concurrently with any call. Residency and MemAvailable are measured at the call, which
 /// therefore blocks for a time that grows with the table's size (tenths of a second for a few GiB:
-/// README, "Limitations"): poll it now and then, not every step. The other counters cost nothing
-/// to keep.
+/// docs/REFERENCE.md, "Limitations"): poll it now and then, not every step. The other counters
+/// cost nothing to keep.
 ///
 /// # Safety
 /// `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.

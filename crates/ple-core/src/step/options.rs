@@ -23,8 +23,8 @@ pub const MAX_CACHE_BYTES: u64 = 1 << 40;
 /// rows there).
 pub const CACHE_AUTO: u64 = u64::MAX;
 /// The row cache AUTO gives a DIRECT handle: at 256 MiB the steady benchmark's hit rate is within
-/// 3 points of 1 GiB's (README, "Row cache"), and a DIRECT handle's resident memory stays under
-/// 300 MiB.
+/// 3 points of 1 GiB's (docs/PERFORMANCE-LOG.md, "Row cache"), and a DIRECT handle's resident
+/// memory stays under 300 MiB.
 pub const AUTO_CACHE_BYTES: u64 = 256 << 20;
 
 /// When a step's pages are advised to the kernel (`MADV_WILLNEED`) before the gather.

@@ -40,7 +40,8 @@
 //!   moves from the oldest row toward the newest, keeping visited rows in place.
 //!
 //! `ple bench --steady` compares both with an exact LRU of the same number of rows on the same
-//! access sequence; S3-FIFO is the default because it measured best (see the README, "Row cache").
+//! access sequence; S3-FIFO is the default because it measured best (docs/PERFORMANCE-LOG.md,
+//! "Row cache").
 
 use crate::error::{Error, Result};
 use crate::sync;

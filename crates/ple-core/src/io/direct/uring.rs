@@ -38,7 +38,7 @@ pub struct RingSetup {
 pub const EARLY_SUBMIT: usize = 8;
 
 impl RingSetup {
-    /// What DIRECT reads use: on the loop device of README "Performance" (512 B reads at QD 64,
+    /// What DIRECT reads use: on the loop device of docs/PERFORMANCE-LOG.md (512 B reads at QD 64,
     /// `ple bench`'s storage floor) it costs ~0.7× the CPU per read of a plain ring.
     pub const READS: RingSetup = RingSetup {
         sqpoll: false,
