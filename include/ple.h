@@ -291,9 +291,12 @@ typedef struct ple_options {
   ple_io_mode io_mode;
   // Head shards (tensor/data-parallel ranks), 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole
   // table; appended in 0.1.x). The handle serves shard `shard_index` of `shard_count`: the
-  // contiguous heads `[shard_index·16/shard_count, (shard_index+1)·16/shard_count)`
-  // (`ple_info.shard_first_head`, `.shard_heads`), and only those heads' rows are hashed, read,
-  // cached and counted. `ple_packed_rows` gives `[tokens][shard_heads][row_bytes]`;
+  // heads `shard_index, shard_index + shard_count, …` below 16 (round-robin since 0.2, so
+  // every shard holds bigram and trigram heads alike and the ranks read alike;
+  // `ple_info.shard_first_head`, `.shard_head_stride`, `.shard_heads`), and only those heads'
+  // rows are hashed, read, cached and counted. `ple_packed_rows` gives
+  // `[tokens][shard_heads][row_bytes]`, row `j` of a token being head
+  // `shard_first_head + j·shard_head_stride`'s;
   // `ple_dequant_*` write the whole `[tokens][2560]` row with -0.0 in the other heads' columns
   // (`PLE_FUSE_ACCUMULATE`: nothing added there), so the sum of all shards' outputs, in any
   // order, is the whole table's output bit for bit. A whole table opens as any shard, a shard
@@ -372,6 +375,10 @@ typedef struct ple_info {
   uint32_t shard_first_head;
   // Heads of the shard: the rows per token of `ple_packed_rows` (`num_heads` for the whole table).
   uint32_t shard_heads;
+  // Heads between two of the shard's heads (`shard_count`; 1 for the whole table): row `j` of
+  // a token's `ple_packed_rows` is head `shard_first_head + j·shard_head_stride`'s. Appended in
+  // 0.2.
+  uint32_t shard_head_stride;
 } ple_info;
 
 // Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times
@@ -689,7 +696,8 @@ ple_status ple_submit(struct ple_handle *handle, const struct ple_batch *batch, 
 ple_status ple_wait(const struct ple_handle *handle, uint64_t seq, uint64_t timeout_us);
 
 // Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]` (a head
-// shard's handle: `[*num_tokens][ple_info.shard_heads][row_bytes]`, its heads in order), valid
+// shard's handle: `[*num_tokens][ple_info.shard_heads][row_bytes]`, its heads in order: row `j`
+// is head `shard_first_head + j·shard_head_stride`'s), valid
 // until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first,
 // up to the handle's `wait_timeout_us`. Does not consume the step.
 //

@@ -130,8 +130,9 @@ struct DequantParams {
     int dtype;
     u32 flags;
     float scale; /* global scale (unused for bf16 rows) */
-    u16 first_head; /* the step's rows are heads [first_head, first_head + heads), */
-    u16 heads;      /* heads rows per token; other heads' columns: -0 (accumulate: untouched) */
+    u16 first_head;  /* the step's rows are heads first_head + j * head_stride, j < heads: */
+    u16 heads;       /* heads rows per token; other heads' columns: -0 (accumulate: untouched) */
+    u16 head_stride; /* >= 1 */
 };
 
 struct AdvanceParams {
@@ -149,7 +150,7 @@ static_assert(sizeof(SlotHeader) == 16, "SlotHeader layout");
 static_assert(sizeof(DevError) == 32, "DevError layout");
 static_assert(sizeof(Gate) == 16, "Gate layout");
 static_assert(sizeof(WaitParams) == 48, "WaitParams layout");
-static_assert(sizeof(DequantParams) == 88, "DequantParams layout");
+static_assert(sizeof(DequantParams) == 96, "DequantParams layout");
 static_assert(sizeof(AdvanceParams) == 16, "AdvanceParams layout");
 static_assert(sizeof(SetParams) == 24, "SetParams layout");
 
@@ -479,7 +480,7 @@ static __device__ void dequant_body(const DequantParams &p, u64 expected, u32 n)
     bool vec = (p.flags & FLAG_VEC) != 0;
     bool zc = (p.flags & FLAG_ZERO_COPY) != 0;
     u32 elem = DT == DT_F32 ? 4u : 2u;
-    u32 lo = (u32)p.first_head * PLE_HEAD_DIM, hi = lo + (u32)p.heads * PLE_HEAD_DIM;
+    u32 first = p.first_head, step = p.head_stride;
     u64 tok_bytes = (u64)(Fmt<FMT>::TOKEN_BYTES / 16u) * p.heads; /* a head shard's rows */
     u64 total = (u64)n * ITEMS_PER_TOKEN;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -487,12 +488,17 @@ static __device__ void dequant_body(const DequantParams &p, u64 expected, u32 n)
         u32 tok = (u32)(i / ITEMS_PER_TOKEN);
         u32 e0 = (u32)(i - (u64)tok * ITEMS_PER_TOKEN) * 8u;
         float v[8];
-        if (e0 < lo || e0 >= hi) { /* another shard's heads: -0 (x + -0 == x), or nothing */
+        /* the 8 elements lie in one head (PLE_HEAD_DIM is a multiple of 8): its place j among
+           the step's heads, or none */
+        u32 h = e0 / PLE_HEAD_DIM, d = h - first, j = d / step;
+        if (h < first || d % step != 0 || j >= p.heads) {
+            /* another shard's heads: -0 (x + -0 == x), or nothing */
             if (acc) continue;
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = -0.0f;
         } else {
-            Fmt<FMT>::decode(rows + (u64)tok * tok_bytes, e0 - lo, p.scale, v, zc);
+            u32 e = j * PLE_HEAD_DIM + (e0 - h * PLE_HEAD_DIM); /* in the token's packed rows */
+            Fmt<FMT>::decode(rows + (u64)tok * tok_bytes, e, p.scale, v, zc);
         }
         Out<DT>::store(p.out + (u64)tok * p.out_stride * elem, e0, v, acc, vec);
     }

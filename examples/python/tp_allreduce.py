@@ -5,11 +5,13 @@
 
 Spawns N ranks (default 2) with torch.multiprocessing; each initialises torch.distributed (NCCL
 where a GPU is present, gloo on the CPU) and opens head shard `rank` of N of the table: it hashes,
-reads and caches only its 16/N heads' rows. Every rank runs the same engine steps (prefill chunks,
+reads and caches only its heads' rows (round-robin: heads rank, rank + N, ..., so every rank holds
+bigram and trigram heads alike and reads alike). Every rank runs the same engine steps (prefill chunks,
 then decode, in tracked mode), dequantises its shard into a [tokens, 2560] buffer (its heads'
 columns; -0.0 elsewhere, the additive identity) and all-reduces it (sum). Rank 0 also runs a
 single unsharded handle over the same steps and checks that every all-reduced output equals it
-bit for bit, in float32, bfloat16 and float16. A mismatch raises, and the example exits non-zero.
+bit for bit, in float32, bfloat16 and float16, and prints each rank's rows, storage reads and
+cache hits (gathered over the process group). A mismatch raises, and the example exits non-zero.
 """
 
 from __future__ import annotations
@@ -87,19 +89,24 @@ def rank_main(rank: int, world: int, table_dir: str, port: int, steps: int) -> N
                 bad = (part.view(BITS[dtype]) != ref.view(BITS[dtype])).sum().item()
                 raise AssertionError(f"step {i} ({dtype}): {bad} elements differ from the unsharded output")
     st = table.stats()
-    rows = torch.tensor([st["prefill_rows"] + st["decode_rows"]], dtype=torch.int64, device=device)
-    counts = [torch.zeros_like(rows) for _ in range(world)]
-    dist.all_gather(counts, rows)
+    mine = torch.tensor(
+        [st["prefill_rows"] + st["decode_rows"], st["storage_reads"], st["cache_hits"]], dtype=torch.int64, device=device
+    )
+    counts = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(counts, mine)
     if whole is not None:
         ws = whole.stats()
         whole_rows = ws["prefill_rows"] + ws["decode_rows"]
-        per_rank = [int(c.item()) for c in counts]
-        assert sum(per_rank) == whole_rows, f"the ranks' rows {per_rank} add up to the whole's {whole_rows}"
+        per_rank = [[int(x) for x in c.tolist()] for c in counts]
+        rows = [r[0] for r in per_rank]
+        assert sum(rows) == whole_rows, f"the ranks' rows {rows} add up to the whole's {whole_rows}"
         print(
             f"tp_allreduce: {world} ranks ({'nccl' if gpu else 'gloo'}), {steps} steps in float32, bfloat16 and "
             f"float16: every all-reduced output equals the unsharded handle's bit for bit; rows per rank "
-            f"{per_rank} (whole table: {whole_rows})"
+            f"{rows} (whole table: {whole_rows})"
         )
+        for r, (n, reads, hits) in enumerate(per_rank):
+            print(f"  rank {r}/{world}: {n} rows, {reads} storage reads, {hits} cache hits")
     dist.destroy_process_group()
 
 

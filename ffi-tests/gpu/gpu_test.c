@@ -412,7 +412,11 @@ static void test_f(table_t tabs[3]) {
                     memset(&info, 0, sizeof info);
                     info.struct_size = sizeof info;
                     PLE_OK_OR_FAIL(ple_table_info(sh[k], &info));
-                    uint32_t h0 = info.shard_first_head, h1 = h0 + info.shard_heads;
+                    /* round-robin heads: k, k + count, ... */
+                    uint32_t h0 = info.shard_first_head, hs = info.shard_head_stride;
+                    CHECK(h0 == k && hs == count && info.shard_heads == (16 - k + count - 1) / count,
+                          "shard %u/%u: heads %u + j*%u, %u of them", k, count, h0, hs,
+                          info.shard_heads);
                     outbuf o;
                     out_alloc(&o, &r, n, 2560, dtype);
                     PLE_OK_OR_FAIL(ple_submit(sh[k], &bb.b, seq));
@@ -433,7 +437,8 @@ static void test_f(table_t tabs[3]) {
                     for (uint32_t tok = 0; tok < n; tok++)
                         for (uint32_t e = 0; e < 2560; e++) {
                             size_t at = ((size_t)tok * 2560 + e) * (size_t)es;
-                            int mine = e / 160 >= h0 && e / 160 < h1;
+                            uint32_t hd = e / 160;
+                            int mine = hd >= h0 && (hd - h0) % hs == 0;
                             uint32_t neg0 = es == 4 ? 0x80000000u : 0x8000u, v = 0;
                             memcpy(&v, o.host + at, (size_t)es);
                             bad += mine ? memcmp(o.host + at, w.host + at, (size_t)es) != 0

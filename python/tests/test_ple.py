@@ -288,12 +288,14 @@ def test_head_shards_sum_to_the_whole_and_pack_a_shard_table(tmp_path, table, ta
     for dtype, bits in [(np.float32, np.uint32), (np.float16, np.uint16), (ml.bfloat16, np.uint16)]:
         want = table.submit(**TWO).dequant_cpu(dtype=dtype)
         total = None
-        first = 0
+        served = []
         for k in range(3):
             with ple.Table(table_dir, max_tokens_per_step=256, num_threads=2, shard_count=3, shard_index=k) as t:
                 i = t.info
-                assert (i["shard_index"], i["shard_count"], i["shard_first_head"]) == (k, 3, first)
-                heads = slice(first, first + i["shard_heads"])
+                # round-robin: heads k, k + 3, ...
+                heads = list(range(k, H, 3))
+                assert (i["shard_index"], i["shard_count"], i["shard_first_head"]) == (k, 3, k)
+                assert (i["shard_head_stride"], i["shard_heads"]) == (3, len(heads))
                 step = t.submit(**TWO)
                 rows = step.packed_rows()
                 assert rows.shape == (8, i["shard_heads"], 90)
@@ -301,11 +303,12 @@ def test_head_shards_sum_to_the_whole_and_pack_a_shard_table(tmp_path, table, ta
                 part = step.dequant_cpu(dtype=dtype)
                 # the other heads' columns are -0.0
                 other = np.ones(D, bool)
-                other[heads.start * 160 : heads.stop * 160] = False
+                for h in heads:
+                    other[h * 160 : (h + 1) * 160] = False
                 assert (part[:, other].view(bits) == np.array(-0.0, dtype).view(bits)).all()
                 total = part if total is None else (total.astype(np.float32) + part.astype(np.float32)).astype(dtype)
-                first = heads.stop
-        assert first == H
+                served += heads
+        assert sorted(served) == list(range(H))
         np.testing.assert_array_equal(total.view(bits), want.view(bits))
     with pytest.raises(ple.PleError) as e:
         ple.Table(table_dir, shard_count=17)
@@ -317,16 +320,20 @@ def test_head_shards_sum_to_the_whole_and_pack_a_shard_table(tmp_path, table, ta
     out = str(tmp_path / "s1of2")
     ple.pack(ck, out, shard=(1, 2))
     meta = json.load(open(os.path.join(out, "table.json")))
-    assert (meta["shard"]["index"], meta["shard"]["count"], meta["shard"]["first_head"]) == (1, 2, 8)
-    whole_size = os.path.getsize(os.path.join(table_dir, "table.rows"))
-    assert os.path.getsize(os.path.join(out, "table.rows")) == whole_size - meta["shard"]["first_row"] * 90
+    odd = list(range(1, H, 2))
+    assert (meta["shard"]["index"], meta["shard"]["count"], meta["shard"]["head_ids"]) == (1, 2, odd)
+    offsets = meta["hash"]["offsets"]
+    whole_rows = os.path.getsize(os.path.join(table_dir, "table.rows")) // 90
+    ends = offsets[1:] + [whole_rows]
+    assert os.path.getsize(os.path.join(out, "table.rows")) == sum(ends[h] - offsets[h] for h in odd) * 90
     with ple.Table(out, shard_count=2, shard_index=1) as t:
-        np.testing.assert_array_equal(t.submit(**TWO).packed_rows(), file_rows(table_dir, ids[:, 8:]))
+        np.testing.assert_array_equal(t.submit(**TWO).packed_rows(), file_rows(table_dir, ids[:, odd]))
     with pytest.raises(ple.PleError) as e:
         ple.Table(out)
     assert e.value.name == "PLE_E_FORMAT" and "shard 1/2" in e.value.message and "the whole table" in e.value.message
     # `python -m ple inspect` and `ple inspect` describe it alike
-    line = f"head shard:   1/2: heads 8..16, the whole table's rows {meta['shard']['first_row']}.."
+    shard_rows = os.path.getsize(os.path.join(out, "table.rows")) // 90
+    line = f"head shard:   1/2 (round_robin): heads 1, 3, 5, 7, 9, 11, 13, 15, {shard_rows} of the whole table's {whole_rows} rows"
     for cmd in ([sys.executable, "-m", "ple"], [_ple_bin()]):
         txt = subprocess.run([*cmd, "inspect", out], check=True, capture_output=True, text=True).stdout
         assert line in txt, txt

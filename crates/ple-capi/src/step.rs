@@ -106,7 +106,8 @@ pub unsafe extern "C" fn ple_wait(
 }
 
 /// Host view of step `seq`'s packed rows: `*rows` points at `[*num_tokens][16][row_bytes]` (a head
-/// shard's handle: `[*num_tokens][ple_info.shard_heads][row_bytes]`, its heads in order), valid
+/// shard's handle: `[*num_tokens][ple_info.shard_heads][row_bytes]`, its heads in order: row `j`
+/// is head `shard_first_head + j·shard_head_stride`'s), valid
 /// until the step is consumed (`ple_dequant_*` or `ple_release_step`). Waits for the step first,
 /// up to the handle's `wait_timeout_us`. Does not consume the step.
 ///

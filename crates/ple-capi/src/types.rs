@@ -244,9 +244,12 @@ pub struct ple_options {
     pub io_mode: ple_io_mode,
     /// Head shards (tensor/data-parallel ranks), 1..=`PLE_SHARD_COUNT_MAX` (default 1: the whole
     /// table; appended in 0.1.x). The handle serves shard `shard_index` of `shard_count`: the
-    /// contiguous heads `[shard_index·16/shard_count, (shard_index+1)·16/shard_count)`
-    /// (`ple_info.shard_first_head`, `.shard_heads`), and only those heads' rows are hashed, read,
-    /// cached and counted. `ple_packed_rows` gives `[tokens][shard_heads][row_bytes]`;
+    /// heads `shard_index, shard_index + shard_count, …` below 16 (round-robin since 0.2, so
+    /// every shard holds bigram and trigram heads alike and the ranks read alike;
+    /// `ple_info.shard_first_head`, `.shard_head_stride`, `.shard_heads`), and only those heads'
+    /// rows are hashed, read, cached and counted. `ple_packed_rows` gives
+    /// `[tokens][shard_heads][row_bytes]`, row `j` of a token being head
+    /// `shard_first_head + j·shard_head_stride`'s;
     /// `ple_dequant_*` write the whole `[tokens][2560]` row with -0.0 in the other heads' columns
     /// (`PLE_FUSE_ACCUMULATE`: nothing added there), so the sum of all shards' outputs, in any
     /// order, is the whole table's output bit for bit. A whole table opens as any shard, a shard
@@ -396,6 +399,10 @@ pub struct ple_table_info {
     pub shard_first_head: u32,
     /// Heads of the shard: the rows per token of `ple_packed_rows` (`num_heads` for the whole table).
     pub shard_heads: u32,
+    /// Heads between two of the shard's heads (`shard_count`; 1 for the whole table): row `j` of
+    /// a token's `ple_packed_rows` is head `shard_first_head + j·shard_head_stride`'s. Appended in
+    /// 0.2.
+    pub shard_head_stride: u32,
 }
 
 // `ple_stats` (`ple_counters` in C) and `counters_to_c`, generated from the core's counter list.
@@ -596,6 +603,7 @@ pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
         shard_count: i.shard.count,
         shard_first_head: i.first_head,
         shard_heads: i.shard_heads,
+        shard_head_stride: i.head_stride,
     };
     copy_c_string(&mut c.source_name, &i.source_name);
     copy_c_string(&mut c.source_fingerprint, &i.source_fingerprint);

@@ -184,12 +184,19 @@ fn the_sum_of_n_shards_is_the_whole_output_for_every_dtype_and_flag() {
         // ple_info and ple_packed_rows: the shard's heads, in order, as [tokens][heads][row]
         seq += 1;
         submit(&whole, &st, seq);
-        let mut first = 0;
+        let mut seen = [0u32; 16];
         for (i, h) in shards.iter().enumerate() {
             let inf = info(h);
             assert_eq!((inf.shard_index, inf.shard_count), (i as u32, count));
-            assert_eq!(inf.shard_first_head, first, "contiguous heads");
+            // round-robin: heads i, i + count, …
+            let heads: Vec<usize> = (i..16).step_by(count as usize).collect();
+            assert_eq!(
+                (inf.shard_first_head, inf.shard_head_stride),
+                (i as u32, count),
+                "round-robin heads"
+            );
             let k = inf.shard_heads as usize;
+            assert_eq!(k, heads.len());
             assert!(k == 16 / count as usize || k == 16 / count as usize + 1);
             submit(h, &st, seq);
             let (mut p, mut t) = (std::ptr::null(), 0u32);
@@ -198,17 +205,19 @@ fn the_sum_of_n_shards_is_the_whole_output_for_every_dtype_and_flag() {
                 assert_eq!(ple_packed_rows(h.0, seq, &mut p, &mut t), PLE_OK);
                 let rows = std::slice::from_raw_parts(p, n * k * rb);
                 for tok in 0..n {
-                    for j in 0..k {
-                        let id = whole_ids[tok * 16 + first as usize + j] as u64;
+                    for (j, &hd) in heads.iter().enumerate() {
+                        let id = whole_ids[tok * 16 + hd] as u64;
                         let want = ple_testkit::synth::expected_row(3, meta.row_format, id);
                         assert_eq!(&rows[(tok * k + j) * rb..][..rb], &want[..]);
                     }
                 }
                 assert_eq!(ple_release_step(h.0, seq), PLE_OK);
             }
-            first += k as u32;
+            for hd in heads {
+                seen[hd] += 1;
+            }
         }
-        assert_eq!(first, 16, "the shards cover every head");
+        assert_eq!(seen, [1; 16], "the shards serve every head once");
         // SAFETY: the whole handle's step was submitted above.
         assert_eq!(unsafe { ple_release_step(whole.0, seq) }, PLE_OK);
 
@@ -284,9 +293,10 @@ fn bad_shards_are_invalid_arguments_and_older_callers_get_the_whole_table() {
                 i.shard_count,
                 i.shard_index,
                 i.shard_first_head,
-                i.shard_heads
+                i.shard_heads,
+                i.shard_head_stride
             ),
-            (1, 0, 0, 16)
+            (1, 0, 0, 16, 1)
         );
     }
     // and a ple_info of an older caller (before the shard fields) is filled up to its size
@@ -299,7 +309,10 @@ fn bad_shards_are_invalid_arguments_and_older_callers_get_the_whole_table() {
     assert_eq!(unsafe { ple_table_info(h.0, &mut i) }, PLE_OK);
     assert_eq!((i.num_heads, i.shard_heads), (16, 77));
     let i = info(&h);
-    assert_eq!((i.shard_first_head, i.shard_heads), (12, 4));
+    assert_eq!(
+        (i.shard_first_head, i.shard_heads, i.shard_head_stride),
+        (3, 4, 4)
+    );
 }
 
 #[test]
@@ -331,17 +344,22 @@ fn ple_pack_writes_a_shard_table_and_older_callers_the_whole() {
     assert_eq!(s, PLE_OK, "{}", last_error());
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("table.json")).unwrap()).unwrap();
-    assert_eq!(meta["shard"]["first_head"], 10);
-    let rows_len = std::fs::metadata(out.join("table.rows")).unwrap().len();
-    let first = meta["shard"]["first_row"].as_u64().unwrap();
     assert_eq!(
-        rows_len,
-        ck_info.table_bytes - first * 160,
-        "the last shard: to the end"
+        meta["shard"]["head_ids"],
+        serde_json::json!([2, 5, 8, 11, 14])
     );
+    let rows_len = std::fs::metadata(out.join("table.rows")).unwrap().len();
+    // each head's rows of the whole table; the last head (15) is shard 0's, with the padding
+    let offsets: Vec<u64> = serde_json::from_value(meta["hash"]["offsets"].clone()).unwrap();
+    let rows: u64 = [2, 5, 8, 11, 14]
+        .iter()
+        .map(|&h| offsets[h + 1] - offsets[h])
+        .sum();
+    assert_eq!(rows_len, rows * 160, "heads 2, 5, 8, 11 and 14");
     // opened through the C API as its shard only
     let dir = CString::new(out.to_str().unwrap()).unwrap();
-    assert_eq!(info(&open(&dir, 3, 2)).shard_first_head, 10);
+    let i = info(&open(&dir, 3, 2));
+    assert_eq!((i.shard_first_head, i.shard_head_stride), (2, 3));
     let (s, m) = open_with(&dir, &options(3, 1)).err().expect("refused");
     assert_eq!(s, PLE_E_FORMAT);
     assert!(m.contains("shard 2/3") && m.contains("shard 1/3"), "{m}");

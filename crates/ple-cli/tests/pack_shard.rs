@@ -1,7 +1,8 @@
 //! Shard tables (`ple pack --shard K/N`, `PackOptions::shard`): each holds exactly its heads'
-//! rows of the whole table, re-based; the files add up to the whole table's; a shard table opens
-//! only as its own shard (`Error::Format` naming both otherwise) and gives the rows and output
-//! of the whole table opened as that shard.
+//! rows of the whole table (round-robin heads K, K + N, …; each head's range in turn); the files
+//! add up to the whole table's; a shard table opens only as its own shard (`Error::Format` naming
+//! both otherwise) and gives the rows and output of the whole table opened as that shard; a
+//! shard table of the old contiguous layout is refused, never read as the new one.
 
 mod common;
 
@@ -41,7 +42,7 @@ fn shard_tables_hold_their_heads_rows_and_add_up_to_the_whole() {
         assert!(wm.shard.is_none());
         for count in [2u32, 3, 16] {
             let mut bytes = 0;
-            let mut next_row = 0;
+            let mut ranges = Vec::new();
             for index in 0..count {
                 let out = d
                     .path()
@@ -50,32 +51,47 @@ fn shard_tables_hold_their_heads_rows_and_add_up_to_the_whole() {
                 let t = open(&out).unwrap();
                 let m = t.meta();
                 let s = m.shard.as_ref().expect("a shard record");
-                let heads = Shard::new(index, count).unwrap().heads(16);
+                // round-robin: heads index, index + count, …
+                let heads: Vec<u32> = (index..16).step_by(count as usize).collect();
                 assert_eq!((s.index, s.count), (index, count));
-                assert_eq!(
-                    (s.first_head as usize, s.heads as usize),
-                    (heads.start, heads.len())
-                );
-                assert_eq!(s.first_row, wm.hash.offsets[heads.start]);
-                assert_eq!(s.first_row, next_row, "shards tile the whole table");
+                assert_eq!(s.layout.as_deref(), Some("round_robin"));
+                assert_eq!(s.head_ids, heads);
+                // each head's rows of the whole table: [offset[h], offset[h + 1]) (the last
+                // head also the padding)
+                let end = |h: usize| wm.hash.offsets.get(h + 1).copied().unwrap_or(wm.total_rows);
+                let want: Vec<[u64; 2]> = heads
+                    .iter()
+                    .map(|&h| [wm.hash.offsets[h as usize], end(h as usize)])
+                    .collect();
+                assert_eq!(s.row_ranges, want);
                 assert_eq!(s.whole_total_rows, wm.total_rows);
                 // the whole table's identity and hash, this file's rows
                 assert_eq!(m.source, wm.source);
                 assert_eq!(m.hash, wm.hash);
                 assert_eq!(rep.table_bytes, file_len(&out));
-                for r in 0..m.total_rows {
+                // the file: the heads' ranges one after another
+                let whole_rows: Vec<u64> = want.iter().flat_map(|r| r[0]..r[1]).collect();
+                assert_eq!(whole_rows.len() as u64, m.total_rows);
+                for (r, &w) in whole_rows.iter().enumerate() {
                     assert_eq!(
-                        t.row(r).unwrap(),
-                        expected_row(seed, format, s.first_row + r),
+                        t.row(r as u64).unwrap(),
+                        expected_row(seed, format, w),
                         "{index}/{count} row {r}"
                     );
                 }
-                next_row = s.first_row + m.total_rows;
+                ranges.extend(want);
                 bytes += file_len(&out);
                 // about 1/N of the whole (± a head's rows for uneven splits)
                 let per_head = wm.total_rows / 16 * wm.row_bytes as u64;
                 let even = file_len(&whole_dir) / count as u64;
                 assert!(file_len(&out).abs_diff(even) <= per_head + 128 * wm.row_bytes as u64);
+            }
+            // the shards' ranges tile the whole table
+            ranges.sort();
+            let mut next_row = 0;
+            for r in &ranges {
+                assert_eq!(r[0], next_row, "shards tile the whole table");
+                next_row = r[1];
             }
             assert_eq!(next_row, wm.total_rows);
             assert_eq!(
@@ -133,7 +149,11 @@ fn a_shard_table_opens_only_as_its_shard_and_serves_the_same_rows() {
     let from_shard = handle(&shard_dir, s13).unwrap();
     let from_whole = handle(&whole_dir, s13).unwrap();
     let info = from_shard.table_info();
-    assert_eq!((info.first_head, info.shard_heads), (5, 5));
+    // heads 1, 4, 7, 10, 13
+    assert_eq!(
+        (info.first_head, info.head_stride, info.shard_heads),
+        (1, 3, 5)
+    );
     assert_eq!(info.file_size, file_len(&shard_dir));
     let tokens: Vec<i32> = (0..200).map(|i| (i * 7919 + 13) % 248_320).collect();
     let (positions, ids, qs, ctx) = batch(&tokens);
@@ -165,21 +185,13 @@ fn a_shard_table_opens_only_as_its_shard_and_serves_the_same_rows() {
         outs[0] == outs[1],
         "a shard table serves the whole table's shard rows"
     );
-    // and they are the whole ids' rows of heads 5..10, re-based
+    // and they are the rows of the whole ids of heads 1, 4, 7, 10, 13
     let mut whole_ids = vec![0i64; tokens.len() * 16];
     from_whole.ngram_ids(&b, &mut whole_ids).unwrap();
-    let first_row = open(&shard_dir)
-        .unwrap()
-        .meta()
-        .shard
-        .as_ref()
-        .unwrap()
-        .first_row;
     for (t, ids) in whole_ids.chunks(16).enumerate() {
-        for j in 0..5 {
-            let want = expected_row(41, RowFormat::Nvfp4, ids[5 + j] as u64);
+        for (j, h) in [1, 4, 7, 10, 13].into_iter().enumerate() {
+            let want = expected_row(41, RowFormat::Nvfp4, ids[h] as u64);
             assert_eq!(&outs[0].0[(t * 5 + j) * rb..][..rb], &want[..]);
-            assert!(ids[5 + j] as u64 >= first_row);
         }
     }
 }
@@ -204,7 +216,10 @@ fn the_cli_packs_a_shard_and_refuses_bad_ones() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("(shard 2/4)"), "{stdout}");
     let s = open(&out).unwrap().meta().shard.clone().unwrap();
-    assert_eq!((s.index, s.count, s.first_head, s.heads), (2, 4, 8, 4));
+    assert_eq!(
+        (s.index, s.count, &s.head_ids[..]),
+        (2, 4, &[2, 6, 10, 14][..])
+    );
     let o = Command::new(PLE)
         .args(["inspect", out.to_str().unwrap()])
         .output()
@@ -212,8 +227,9 @@ fn the_cli_packs_a_shard_and_refuses_bad_ones() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{text}");
     let want = format!(
-        "head shard:   2/4: heads 8..12, the whole table's rows {}..",
-        s.first_row
+        "head shard:   2/4 (round_robin): heads 2, 6, 10, 14, {} of the whole table's {} rows",
+        open(&out).unwrap().meta().total_rows,
+        s.whole_total_rows
     );
     assert!(text.contains(&want), "{text}");
     for bad in ["4/4", "0/17", "1", "a/b", "0/0"] {
@@ -230,5 +246,44 @@ fn the_cli_packs_a_shard_and_refuses_bad_ones() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("--shard"), "{bad}: {err}");
         assert!(!d.path().join("x").join("table.json").exists());
+    }
+}
+
+/// A shard table packed with contiguous heads (its `shard` record has `first_head`, `heads` and
+/// `first_row`, and no `layout`) is refused with a message saying to re-pack — its rows are
+/// never read as the round-robin layout's.
+#[test]
+fn a_shard_table_of_the_contiguous_layout_is_refused_with_a_re_pack_message() {
+    let d = tempfile::tempdir().unwrap();
+    let ck = d.path().join("ck");
+    write_checkpoint(&ck, &spec(RowFormat::Bf16, 61)).unwrap();
+    let out = d.path().join("s1of2");
+    pack_quiet(&ck, &out, &shard_opts(1, 2)).unwrap();
+    // rewrite its record as the contiguous layout wrote it (heads 8..16 of 2 shards)
+    let meta_path = out.join("table.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&meta_path).unwrap()).unwrap();
+    let first_row = meta["hash"]["offsets"][8].as_u64().unwrap();
+    let whole = meta["shard"]["whole_total_rows"].clone();
+    meta["shard"] = serde_json::json!({
+        "index": 1, "count": 2, "first_head": 8, "heads": 8, "first_row": first_row,
+        "whole_total_rows": whole,
+    });
+    meta["total_rows"] = (whole.as_u64().unwrap() - first_row).into();
+    std::fs::write(&meta_path, serde_json::to_vec_pretty(&meta).unwrap()).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(out.join("table.rows"))
+        .unwrap()
+        .set_len((whole.as_u64().unwrap() - first_row) * 320)
+        .unwrap();
+    for shard in [Shard::new(1, 2).unwrap(), Shard::WHOLE] {
+        let e = handle(&out, shard).err().expect("refused");
+        let m = e.to_string();
+        assert!(matches!(e, Error::Format(_)), "{m}");
+        assert!(
+            m.contains("contiguous") && m.contains("re-pack") && m.contains("--shard 1/2"),
+            "{m}"
+        );
     }
 }

@@ -54,9 +54,9 @@ def _inspect(a: argparse.Namespace) -> int:
     print(f"format:       {i['format']} ({i['row_bytes']} B/row)")
     print(f"rows:         {i['total_rows']}, {i['addressed_rows']} addressed by the hash")
     if shard is not None:
-        h0, h1 = i.shard_first_head, i.shard_first_head + i.shard_heads
-        print(f"head shard:   {shard['index']}/{shard['count']}: heads {h0}..{h1}, the whole table's rows "
-              f"{shard['first_row']}..{shard['first_row'] + i.total_rows} (of {shard['whole_total_rows']})")
+        heads = ", ".join(str(i.shard_first_head + j * i.shard_head_stride) for j in range(i.shard_heads))
+        print(f"head shard:   {shard['index']}/{shard['count']} ({shard.get('layout', '?')}): heads {heads}, "
+              f"{i.total_rows} of the whole table's {shard['whole_total_rows']} rows")
     print(f"heads:        {i['num_heads']} × {i['head_dim']} elements, ngram_size {i['ngram_size']}")
     print(f"tokens:       vocab_size {i['vocab_size']}, eos {i['eos_token_id']}")
     print(f"global scale: {i['global_scale']}")

@@ -64,9 +64,10 @@ class TableInfo(_FieldMapping[Union[int, float, str]]):
         How it reads.
     cache_bytes : int
         Bytes of the handle's row cache (`PLE_CACHE_AUTO` resolved; 0: none).
-    shard_index, shard_count, shard_first_head, shard_heads : int
-        The head shard served and its heads ``[shard_first_head, + shard_heads)``: 0 of 1, heads
-        0..16 for the whole table. `total_rows` and `file_size` are the open file's.
+    shard_index, shard_count, shard_first_head, shard_heads, shard_head_stride : int
+        The head shard served and its heads ``shard_first_head + j * shard_head_stride`` for
+        ``j < shard_heads`` (round-robin: ``shard_index, shard_index + shard_count, ...``): 0 of
+        1, heads 0..16 for the whole table. `total_rows` and `file_size` are the open file's.
     """
 
     format: TableFormat
@@ -90,6 +91,7 @@ class TableInfo(_FieldMapping[Union[int, float, str]]):
     shard_count: int
     shard_first_head: int
     shard_heads: int
+    shard_head_stride: int
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,7 @@ class ple_info(Structure):
         ("shard_count", c_uint32),
         ("shard_first_head", c_uint32),
         ("shard_heads", c_uint32),
+        ("shard_head_stride", c_uint32),
     ]
 
 

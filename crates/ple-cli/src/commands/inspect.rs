@@ -72,13 +72,12 @@ pub fn run(a: InspectArgs) -> Result<()> {
     );
     if let Some(s) = &m.shard {
         println!(
-            "head shard:   {}/{}: heads {}..{}, the whole table's rows {}..{} (of {})",
+            "head shard:   {}/{} ({}): heads {}, {} of the whole table's {} rows",
             s.index,
             s.count,
-            s.first_head,
-            s.first_head + s.heads,
-            s.first_row,
-            s.first_row + m.total_rows,
+            s.layout.as_deref().unwrap_or("?"),
+            s.shard().heads(m.num_heads as usize).describe(),
+            m.total_rows,
             s.whole_total_rows
         );
     }

@@ -11,6 +11,7 @@
 
 use crate::error::Result;
 use crate::model::{HEAD_DIM, NUM_HEADS, PLE_EMBED_DIM, RowFormat};
+use crate::shard::Heads;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -193,24 +194,17 @@ impl Dequantizer {
 
     /// One token's 16 rows → its 2,560 fp32 values.
     pub fn token_f32(&self, rows: &[u8], out: &mut [f32; PLE_EMBED_DIM]) {
-        self.token_f32_heads(rows, 0..NUM_HEADS, out);
+        self.token_f32_heads(rows, Heads::all(NUM_HEADS), out);
     }
 
     /// One token's rows of the heads `heads` (`[heads.len()][row_bytes]`) → its 2,560 fp32
     /// values, -0.0 in the other heads' columns.
-    pub fn token_f32_heads(
-        &self,
-        rows: &[u8],
-        heads: Range<usize>,
-        out: &mut [f32; PLE_EMBED_DIM],
-    ) {
+    pub fn token_f32_heads(&self, rows: &[u8], heads: Heads, out: &mut [f32; PLE_EMBED_DIM]) {
         let rb = self.row_bytes();
         for (h, o) in out.chunks_exact_mut(HEAD_DIM).enumerate() {
-            if heads.contains(&h) {
-                let j = h - heads.start;
-                self.row_f32(&rows[j * rb..(j + 1) * rb], o);
-            } else {
-                o.fill(-0.0);
+            match heads.position(h) {
+                Some(j) => self.row_f32(&rows[j * rb..(j + 1) * rb], o),
+                None => o.fill(-0.0),
             }
         }
     }
@@ -309,6 +303,15 @@ enum OutRow<'a> {
 }
 
 impl<'a> OutRow<'a> {
+    /// The same row, borrowed for a shorter time.
+    fn reborrow(&mut self) -> OutRow<'_> {
+        match self {
+            OutRow::F32(o) => OutRow::F32(o),
+            OutRow::F16(o) => OutRow::F16(o),
+            OutRow::Bf16(o) => OutRow::Bf16(o),
+        }
+    }
+
     /// The elements `r` of the row.
     fn cols(self, r: Range<usize>) -> OutRow<'a> {
         match self {
@@ -345,7 +348,7 @@ pub fn dequant_rows(
         global_scale,
         rows,
         num_tokens,
-        0..NUM_HEADS,
+        Heads::all(NUM_HEADS),
         out,
         args,
         pool,
@@ -367,16 +370,27 @@ pub fn dequant_rows_heads(
     global_scale: f32,
     rows: &[u8],
     num_tokens: usize,
-    heads: Range<usize>,
+    heads: Heads,
     out: Out<'_>,
     (stride, accumulate): (usize, bool),
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<()> {
     let d = Dequantizer::new(format, global_scale);
-    if heads.is_empty() || heads.end > NUM_HEADS {
-        return crate::invalid!("heads {heads:?} not a range of the {NUM_HEADS} heads");
+    if heads.is_empty() || heads.step == 0 || heads.end() > NUM_HEADS {
+        return crate::invalid!(
+            "heads [{}] not a set of the {NUM_HEADS} heads",
+            heads.describe()
+        );
     }
-    let cols = heads.start * HEAD_DIM..heads.end * HEAD_DIM;
+    // the shard's columns, as runs of adjacent heads (one run for contiguous heads)
+    let col_runs: Vec<Range<usize>> = if heads.step == 1 {
+        std::iter::once(heads.first * HEAD_DIM..heads.end() * HEAD_DIM).collect()
+    } else {
+        heads
+            .iter()
+            .map(|h| h * HEAD_DIM..(h + 1) * HEAD_DIM)
+            .collect()
+    };
     let tok_bytes = heads.len() * d.row_bytes();
     if stride < PLE_EMBED_DIM {
         return crate::invalid!("out_stride {stride} < {PLE_EMBED_DIM} elements");
@@ -403,18 +417,20 @@ pub fn dequant_rows_heads(
             // f32 without accumulate: straight into the output, then every NaN made canonical
             // (a bf16 row's NaN keeps its sign and payload through the widening)
             OutRow::F32(o) if !accumulate => {
-                d.token_f32_heads(src, heads.clone(), o.try_into().expect("2560 elements"));
+                d.token_f32_heads(src, heads, o.try_into().expect("2560 elements"));
                 for x in o.iter_mut() {
                     *x = canon(*x);
                 }
             }
             // accumulate: the shard's columns only (nothing is added to the others)
-            o if accumulate => {
-                d.token_f32_heads(src, heads.clone(), vals);
-                store(&vals[cols.clone()], o.cols(cols.clone()), true, tmp);
+            mut o if accumulate => {
+                d.token_f32_heads(src, heads, vals);
+                for cols in col_runs.iter().cloned() {
+                    store(&vals[cols.clone()], o.reborrow().cols(cols), true, tmp);
+                }
             }
             o => {
-                d.token_f32_heads(src, heads.clone(), vals);
+                d.token_f32_heads(src, heads, vals);
                 store(vals, o, false, tmp);
             }
         }
@@ -473,7 +489,7 @@ pub unsafe fn dequant_raw(
     global_scale: f32,
     rows: &[u8],
     num_tokens: usize,
-    heads: Range<usize>,
+    heads: Heads,
     out: *mut u8,
     args: OutArgs,
     pool: Option<&rayon::ThreadPool>,

@@ -323,9 +323,8 @@ fn shard_meta(whole: TableMeta, s: Shard) -> Result<TableMeta> {
     }
     let s = Shard::new(s.index, s.count)?;
     let sm = ShardMeta::of(&whole, s);
-    let rows = s.rows(&whole.hash, whole.total_rows);
     let meta = TableMeta {
-        total_rows: rows.end - rows.start,
+        total_rows: s.file_rows(&whole.hash, whole.total_rows),
         shard: Some(sm),
         ..whole
     };
@@ -522,26 +521,33 @@ fn write_rows(
     let mut sources = Sources::default();
     let mut behind = WriteBehind::default();
     let mut done = 0u64;
-    // the whole table's rows the file holds (a shard table: its heads' rows only)
-    let (lo, hi) = match &meta.shard {
-        None => (0, meta.total_rows),
-        Some(s) => (s.first_row, s.first_row + meta.total_rows),
+    // the whole table's rows the file holds, in file order (a shard table: its heads' ranges)
+    let ranges: Vec<(u64, u64)> = match &meta.shard {
+        None => vec![(0, meta.total_rows)],
+        Some(s) => s.row_ranges.iter().map(|r| (r[0], r[1])).collect(),
     };
-    for (i, shard) in ck.shards.iter().enumerate() {
-        // this checkpoint shard's rows inside [lo, hi), relative to its first row
-        let first = i as u64 * ck.rows_per_shard;
-        let mut r0 = lo.saturating_sub(first).min(ck.rows_per_shard);
-        let end = hi.saturating_sub(first).min(ck.rows_per_shard);
-        while r0 < end {
-            let n = chunk.rows.min(end - r0);
-            let bytes = chunk.fill(meta, shard, &mut sources, r0, n)?;
-            f.write_all(bytes)
-                .map_err(|e| Error::io_path(&format!("writing (shard {i}) to"), tmp, e))?;
-            done += bytes.len() as u64;
-            r0 += n;
-            behind.wrote(&f, done);
-            if !progress(done, total) {
-                return Err(Error::State("cancelled".into()));
+    for (lo, hi) in ranges {
+        // the checkpoint shards holding rows of [lo, hi)
+        let first_shard = (lo / ck.rows_per_shard) as usize;
+        for (i, shard) in ck.shards.iter().enumerate().skip(first_shard) {
+            // this checkpoint shard's rows inside [lo, hi), relative to its first row
+            let first = i as u64 * ck.rows_per_shard;
+            if first >= hi {
+                break;
+            }
+            let mut r0 = lo.saturating_sub(first).min(ck.rows_per_shard);
+            let end = hi.saturating_sub(first).min(ck.rows_per_shard);
+            while r0 < end {
+                let n = chunk.rows.min(end - r0);
+                let bytes = chunk.fill(meta, shard, &mut sources, r0, n)?;
+                f.write_all(bytes)
+                    .map_err(|e| Error::io_path(&format!("writing (shard {i}) to"), tmp, e))?;
+                done += bytes.len() as u64;
+                r0 += n;
+                behind.wrote(&f, done);
+                if !progress(done, total) {
+                    return Err(Error::State("cancelled".into()));
+                }
             }
         }
     }

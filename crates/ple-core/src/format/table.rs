@@ -61,17 +61,27 @@ pub struct TableMeta {
     pub shard: Option<ShardMeta>,
 }
 
-/// Where a shard table's rows sit in the whole table (`docs/FORMAT.md#head-shards`): heads
-/// `[first_head, first_head + heads)` of shard `index` of `count`, whose rows are the whole
-/// table's rows `[first_row, first_row + total_rows)`, row `r` of the file being row
-/// `first_row + r` of the whole table.
+/// The head layout of shard tables this library writes and reads (`crate::shard`).
+pub const SHARD_LAYOUT: &str = "round_robin";
+
+/// What a shard table's file holds (`docs/FORMAT.md#head-shards`): the heads `head_ids` of shard
+/// `index` of `count` (round-robin: `index, index + count, …`), each head's rows of the whole
+/// table (`row_ranges`, in head order) one after another.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardMeta {
     pub index: u32,
     pub count: u32,
-    pub first_head: u32,
-    pub heads: u32,
-    pub first_row: u64,
+    /// [`SHARD_LAYOUT`]. Absent in shard tables packed with contiguous heads (before round-robin
+    /// shards): those are refused, never read as the new layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+    /// The heads the file holds, in order.
+    #[serde(default)]
+    pub head_ids: Vec<u32>,
+    /// The whole table's rows `[start, end)` of each head of `head_ids`; the file's rows are
+    /// these ranges one after another.
+    #[serde(default)]
+    pub row_ranges: Vec<[u64; 2]>,
     /// `total_rows` of the whole table (`rows_per_shard × num_shards`).
     pub whole_total_rows: u64,
 }
@@ -79,13 +89,20 @@ pub struct ShardMeta {
 impl ShardMeta {
     /// The metadata of shard `s` (of 2 or more) of the whole table `whole`.
     pub fn of(whole: &TableMeta, s: Shard) -> ShardMeta {
-        let heads = s.heads(whole.num_heads as usize);
         ShardMeta {
             index: s.index,
             count: s.count,
-            first_head: heads.start as u32,
-            heads: heads.len() as u32,
-            first_row: s.rows(&whole.hash, whole.total_rows).start,
+            layout: Some(SHARD_LAYOUT.into()),
+            head_ids: s
+                .heads(whole.num_heads as usize)
+                .iter()
+                .map(|h| h as u32)
+                .collect(),
+            row_ranges: s
+                .row_ranges(&whole.hash, whole.total_rows)
+                .into_iter()
+                .map(|r| [r.start, r.end])
+                .collect(),
             whole_total_rows: whole.total_rows,
         }
     }
@@ -110,19 +127,49 @@ impl ShardMeta {
                 ));
             }
         };
-        let heads = s.heads(m.num_heads as usize);
-        if (self.first_head as usize, self.heads as usize) != (heads.start, heads.len()) {
+        if self.layout.as_deref() != Some(SHARD_LAYOUT) {
             return bad(format!(
-                "first_head {} and heads {}, but shard {}/{} has heads {heads:?}",
-                self.first_head, self.heads, self.index, self.count
+                "a shard table of layout {}: this library reads only \"{SHARD_LAYOUT}\" shards \
+                 (heads {}, {}, ...); re-pack it with `ple pack CHECKPOINT OUT --shard {}/{}`",
+                self.layout
+                    .as_deref()
+                    .unwrap_or("contiguous (no layout field)"),
+                self.index,
+                self.index + self.count,
+                self.index,
+                self.count
             ));
         }
-        let rows = s.rows(&m.hash, self.whole_total_rows);
-        if self.first_row != rows.start || m.total_rows != rows.end - rows.start {
+        let want = ShardMeta::of(
+            &TableMeta {
+                total_rows: self.whole_total_rows,
+                shard: None,
+                ..m.clone()
+            },
+            s,
+        );
+        if self.head_ids != want.head_ids {
             return bad(format!(
-                "first_row {} and total_rows {}, but heads {heads:?} are rows {rows:?} of the \
-                 whole table",
-                self.first_row, m.total_rows
+                "head_ids {:?}, but shard {}/{} has heads [{}]",
+                self.head_ids,
+                self.index,
+                self.count,
+                s.heads(m.num_heads as usize).describe()
+            ));
+        }
+        if self.row_ranges != want.row_ranges {
+            return bad(format!(
+                "row_ranges {:?}, but heads [{}] are rows {:?} of the whole table",
+                self.row_ranges,
+                s.heads(m.num_heads as usize).describe(),
+                want.row_ranges
+            ));
+        }
+        let rows: u64 = self.row_ranges.iter().map(|r| r[1] - r[0]).sum();
+        if m.total_rows != rows {
+            return bad(format!(
+                "total_rows {}, but its heads' row ranges hold {rows} rows",
+                m.total_rows
             ));
         }
         Ok(())
@@ -421,10 +468,11 @@ pub struct TableInfo {
     /// Hex fingerprint of the source checkpoint.
     pub source_fingerprint: String,
     /// The head shard served (a handle's `shard` option; a table alone: the shard its file
-    /// holds) and its heads `[first_head, first_head + shard_heads)`.
+    /// holds) and its heads `first_head + j · head_stride` for `j < shard_heads`.
     pub shard: Shard,
     pub first_head: u32,
     pub shard_heads: u32,
+    pub head_stride: u32,
 }
 
 /// The facts about a table (`device_wait_supported` is false here; the pipeline sets it for a
@@ -449,6 +497,7 @@ pub fn table_info(t: &Table) -> TableInfo {
         shard: Shard::WHOLE,
         first_head: 0,
         shard_heads: m.num_heads,
+        head_stride: 1,
     }
     .with_shard(m.shard.as_ref().map_or(Shard::WHOLE, |s| s.shard()))
 }
@@ -458,8 +507,9 @@ impl TableInfo {
     pub fn with_shard(mut self, shard: Shard) -> TableInfo {
         let heads = shard.heads(self.num_heads as usize);
         self.shard = shard;
-        self.first_head = heads.start as u32;
+        self.first_head = heads.first as u32;
         self.shard_heads = heads.len() as u32;
+        self.head_stride = heads.step as u32;
         self
     }
 }

@@ -18,6 +18,7 @@
 
 use crate::error::Result;
 use crate::model::HashParams;
+use crate::shard::Heads;
 
 /// Exact `a % d` for any `u64` `a` by a fixed divisor `d >= 1`, without a division instruction:
 /// a Barrett reduction with a precomputed 64-bit reciprocal `m = min(floor(2^64 / d), 2^64 - 1)`.
@@ -198,48 +199,53 @@ impl Hasher {
         }
     }
 
-    /// [`Hasher::ids_for_tokens`] for the heads `heads` only, each id less `base` (a head
-    /// shard, `crate::shard`): `out` is `[tokens.len()][heads.len()]`, id `j` of a token being
-    /// head `heads.start + j`'s row minus `base` (`base <= offset[heads.start]`). Only those heads'
-    /// remainders are computed. Panics on mismatched lengths or heads out of range.
+    /// [`Hasher::ids_for_tokens`] for the heads `heads` only (a head shard, `crate::shard`),
+    /// each head's id placed by `starts`: `out` is `[tokens.len()][heads.len()]`, id `j` of a
+    /// token being `starts[j]` plus head `heads.get(j)`'s remainder — its row in a file whose
+    /// head `j` rows begin at `starts[j]` (the whole table: `starts[j] = offset[heads.get(j)]`).
+    /// Only those heads' remainders are computed. Panics on mismatched lengths or heads out of
+    /// range.
     pub fn ids_for_heads(
         &self,
         tokens: &[i32],
         ctx: &[i32],
-        heads: std::ops::Range<usize>,
-        base: u64,
+        heads: Heads,
+        starts: &[u64],
         out: &mut [u64],
     ) {
-        if heads == (0..self.num_heads()) && base == 0 {
+        let w = heads.len();
+        let whole = heads.is_all(self.num_heads());
+        if whole && starts == &self.offsets[..] {
             return self.ids_for_tokens(tokens, ctx, out);
         }
-        let w = heads.len();
         assert!(
-            heads.end <= self.num_heads()
+            heads.end() <= self.num_heads()
                 && w > 0
-                && base <= self.offsets[heads.start]
+                && starts.len() == w
                 && ctx.len() == tokens.len() * self.ctx_len
                 && out.len() == tokens.len() * w,
-            "ids_for_heads: heads {heads:?} base {base}, {} tokens, {} context, {} ids",
+            "ids_for_heads: heads {heads:?}, {} starts, {} tokens, {} context, {} ids",
+            starts.len(),
             tokens.len(),
             ctx.len(),
             out.len()
         );
         let hpn = self.heads_per_ngram;
         // the orders whose heads the shard has: order k (0-based) holds heads [k·hpn, (k+1)·hpn)
-        let last_order = (heads.end - 1) / hpn;
+        let last_order = (heads.end() - 1) / hpn;
         for ((&t, c), o) in tokens
             .iter()
             .zip(ctx.chunks_exact(self.ctx_len))
             .zip(out.chunks_exact_mut(w))
         {
             let mut mix = Self::prod(t, self.mults[0]);
+            let mut j = 0;
             for (k, &cx) in c[..=last_order].iter().enumerate() {
                 mix ^= Self::prod(cx, self.mults[k + 1]);
-                let lo = heads.start.max(k * hpn);
-                let hi = heads.end.min((k + 1) * hpn);
-                for h in lo..hi {
-                    o[h - heads.start] = self.mods[h].rem(mix) + self.offsets[h] - base;
+                // the shard's heads of order k, in order
+                while j < w && heads.get(j) < (k + 1) * hpn {
+                    o[j] = self.mods[heads.get(j)].rem(mix) + starts[j];
+                    j += 1;
                 }
             }
         }
@@ -452,25 +458,29 @@ mod tests {
             }
         }
 
-        /// A shard's ids are the whole ids of its heads, less the base.
+        /// A shard's ids are the whole ids of its heads, each moved to its head's start.
         #[test]
         fn ids_for_heads_are_the_whole_ids_of_those_heads(
             toks in proptest::collection::vec((0i32..248_320, 0i32..248_320, 0i32..248_320), 1..32),
-            count in 1u32..=16, pick in any::<u32>()
+            count in 1u32..=16, pick in any::<u32>(), shift in 0u64..1_000_000
         ) {
             let h = spec_hasher();
             let shard = crate::shard::Shard::new(pick % count, count).unwrap();
             let heads = shard.heads(16);
-            let base = h.params().offsets[heads.start];
+            // each head's rows start somewhere else (as in a shard table's file)
+            let starts: Vec<u64> = (0..heads.len() as u64).map(|j| j * shift).collect();
             let tokens: Vec<i32> = toks.iter().map(|t| t.0).collect();
             let ctx: Vec<i32> = toks.iter().flat_map(|t| [t.1, t.2]).collect();
             let mut whole = vec![0; tokens.len() * 16];
             h.ids_for_tokens_reference(&tokens, &ctx, &mut whole);
             let mut part = vec![0; tokens.len() * heads.len()];
-            h.ids_for_heads(&tokens, &ctx, heads.clone(), base, &mut part);
+            h.ids_for_heads(&tokens, &ctx, heads, &starts, &mut part);
+            let offsets = &h.params().offsets;
             let want: Vec<u64> = whole
                 .chunks(16)
-                .flat_map(|w| w[heads.clone()].iter().map(|&id| id - base))
+                .flat_map(|w| {
+                    heads.iter().zip(&starts).map(|(hd, &s)| w[hd] - offsets[hd] + s)
+                })
                 .collect();
             prop_assert_eq!(part, want);
         }

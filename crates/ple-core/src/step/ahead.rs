@@ -400,7 +400,7 @@ impl super::pipeline::Pipeline {
         let ctx = self.checked_contexts(b, u32::MAX, false)?;
         let mut ids = vec![0u64; b.tokens.len() * r.heads.len()];
         r.hasher
-            .ids_for_heads(b.tokens, &ctx, r.heads.clone(), r.row_base, &mut ids);
+            .ids_for_heads(b.tokens, &ctx, r.heads, &r.head_starts, &mut ids);
         crate::io::mmap::gather::check_ids(&ids, meta.total_rows)?;
         sh.queue_ahead(&ids)
     }

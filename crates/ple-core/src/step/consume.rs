@@ -169,7 +169,7 @@ impl Pipeline {
                     t.global_scale(),
                     rows,
                     tokens,
-                    self.sh.reader.heads.clone(),
+                    self.sh.reader.heads,
                     out,
                     args,
                     Some(self.sh.reader.pool()),

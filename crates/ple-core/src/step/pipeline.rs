@@ -104,7 +104,7 @@ impl Pipeline {
         };
         let mut reader = Reader::open(Table::open(dir, &topts)?, &opts)?;
         let table = &reader.table;
-        let heads = reader.heads.clone();
+        let heads = reader.heads;
         // Staging is bounded by the memory the machine has, checked before anything is allocated.
         let slot_bytes = opts.check_staging_fits(table.row_bytes(), heads.len())?;
         // The GPU side first (nothing CUDA is touched with cuda_device = -1): a machine without a
@@ -199,10 +199,10 @@ impl Pipeline {
     pub fn num_heads(&self) -> usize {
         self.sh.reader.table.meta().num_heads as usize
     }
-    /// The heads the handle serves (`options().shard`'s; `0..16` for the whole table): a step's
+    /// The heads the handle serves (`options().shard`'s; all 16 for the whole table): a step's
     /// rows are `[tokens][heads.len()][row_bytes]`.
-    pub fn heads(&self) -> std::ops::Range<usize> {
-        self.sh.reader.heads.clone()
+    pub fn heads(&self) -> crate::shard::Heads {
+        self.sh.reader.heads
     }
     /// Highest seq whose step is complete.
     pub fn done(&self) -> u64 {

@@ -12,7 +12,7 @@ use crate::io::mmap::advice::{self, PageSet, PageSetBuilder};
 use crate::io::mmap::buffered::BufferedReader;
 use crate::io::mmap::gather;
 use crate::lookup::hash::Hasher;
-use crate::shard::Shard;
+use crate::shard::{Heads, Shard};
 use crate::stats::{self, Stats, StepRecord};
 use crate::step::options::{
     CACHE_AUTO, COLD_READ_MAX_ROWS, ColdReads, IoMode, OpenOptions, PrefetchPolicy,
@@ -34,10 +34,10 @@ pub struct Reader {
     pub(super) hasher: Hasher,
     /// The heads the handle serves (`opts.shard`'s; all 16 for the whole table): a step's rows
     /// are `[tokens][heads.len()][row_bytes]`.
-    pub(super) heads: std::ops::Range<usize>,
-    /// Subtracted from the whole table's row ids to address the row file: 0 for a whole table,
-    /// the shard's first row for a shard table (`crate::shard`).
-    pub(super) row_base: u64,
+    pub(super) heads: Heads,
+    /// Per head of `heads`: the row of the row file its rows start at (the whole table: the
+    /// head's hash offset; a shard table: after the rows of its earlier heads, `crate::shard`).
+    pub(super) head_starts: Vec<u64>,
     prefetch_policy: PrefetchPolicy,
     prefetch_min_rows: u32,
     num_threads: u32,
@@ -73,7 +73,7 @@ impl Reader {
                 table.meta().num_heads
             )));
         }
-        let (heads, row_base) = shard_rows(&table, opts.shard)?;
+        let (heads, head_starts) = shard_rows(&table, opts.shard)?;
         // MMAP only: DIRECT reads bypass the page cache
         let residency = (opts.resident_bytes_max > 0 && direct.is_none()).then(|| {
             super::trim::Trim::new(crate::io::mmap::residency::ResidencyCap::new(
@@ -85,7 +85,7 @@ impl Reader {
             table,
             hasher,
             heads,
-            row_base,
+            head_starts,
             prefetch_policy: opts.prefetch_policy,
             prefetch_min_rows: opts.prefetch_min_rows,
             num_threads: opts.num_threads,
@@ -237,9 +237,8 @@ impl Reader {
         s.ids.resize(n * heads, 0);
         let total_rows = self.table.meta().total_rows;
         let hash_chunk = |(ids, (toks, ctx)): (&mut [u64], (&[i32], &[i32]))| -> Result<()> {
-            let base = self.row_base;
             self.hasher
-                .ids_for_heads(toks, ctx, self.heads.clone(), base, ids);
+                .ids_for_heads(toks, ctx, self.heads, &self.head_starts, ids);
             gather::check_ids(ids, total_rows)
         };
         if n >= PARALLEL_HASH_MIN_TOKENS && self.pool().current_num_threads() > 1 {
@@ -703,21 +702,33 @@ fn start_pool(
         .map_err(|e| Error::io("starting the gather pool", std::io::Error::other(e)))
 }
 
-/// The heads a handle opened as `shard` serves and the row file's base (the whole table's row id
-/// of its row 0): a whole table serves any shard; a shard table only the shard it holds, else
-/// `Error::Format` naming both.
-fn shard_rows(table: &Table, shard: Shard) -> Result<(std::ops::Range<usize>, u64)> {
-    let heads = shard.heads(table.meta().num_heads as usize);
-    match &table.meta().shard {
-        None => Ok((heads, 0)),
-        Some(s) if s.shard() == shard => Ok((heads, s.first_row)),
+/// The heads a handle opened as `shard` serves and where each head's rows start in the row file:
+/// a whole table serves any shard; a shard table only the shard it holds, else `Error::Format`
+/// naming both.
+fn shard_rows(table: &Table, shard: Shard) -> Result<(Heads, Vec<u64>)> {
+    let m = table.meta();
+    let heads = shard.heads(m.num_heads as usize);
+    match &m.shard {
+        None => Ok((heads, heads.iter().map(|h| m.hash.offsets[h]).collect())),
+        Some(s) if s.shard() == shard => {
+            // the file holds the heads' ranges one after another
+            let starts = s
+                .row_ranges
+                .iter()
+                .scan(0u64, |next, r| {
+                    let start = *next;
+                    *next += r[1] - r[0];
+                    Some(start)
+                })
+                .collect();
+            Ok((heads, starts))
+        }
         Some(s) => Err(Error::Format(format!(
-            "table {} holds {} (heads {}..{}), but the handle was opened as {}: open it with \
+            "table {} holds {} (heads {}), but the handle was opened as {}: open it with \
              shard_count {} and shard_index {}, or open the whole table",
             table.dir().display(),
             s.shard().describe(),
-            s.first_head,
-            s.first_head + s.heads,
+            s.shard().heads(m.num_heads as usize).describe(),
             shard.describe(),
             s.count,
             s.index

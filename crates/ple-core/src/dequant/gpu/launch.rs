@@ -174,8 +174,9 @@ impl GpuSide {
             dtype: kernel_dtype(args.dtype),
             flags,
             scale: self.global_scale,
-            first_head: self.heads.start as u16,
+            first_head: self.heads.first as u16,
             heads: self.heads.len() as u16,
+            head_stride: self.heads.step as u16,
         }
     }
 

@@ -119,10 +119,11 @@ pub struct DequantParams {
     pub dtype: i32,
     pub flags: u32,
     pub scale: f32,
-    /// The heads the step's rows are: `[first_head, first_head + heads)`, `heads` rows per
-    /// token; the other heads' columns get -0.0 (with `FLAG_ACCUMULATE`: nothing).
+    /// The heads the step's rows are: `first_head + j · head_stride` for `j < heads`, `heads`
+    /// rows per token; the other heads' columns get -0.0 (with `FLAG_ACCUMULATE`: nothing).
     pub first_head: u16,
     pub heads: u16,
+    pub head_stride: u16,
 }
 
 /// Parameters of `ple_graph_advance`.
@@ -336,6 +337,7 @@ mod tests {
         assert_eq!(offset_of!(DequantParams, scale), 80);
         assert_eq!(offset_of!(DequantParams, first_head), 84);
         assert_eq!(offset_of!(DequantParams, heads), 86);
+        assert_eq!(offset_of!(DequantParams, head_stride), 88);
         assert_eq!(offset_of!(SetParams, value), 16);
         assert_eq!(offset_of!(SlotHeader, failed), 12);
         assert_eq!(offset_of!(DevError, detail), 16);

@@ -270,7 +270,7 @@ pub struct GpuConfig {
     pub max_tokens: usize,
     /// The heads whose rows a step holds (`[tokens][heads.len()][row_bytes]`; all 16 unless the
     /// handle is a head shard). The kernel writes -0.0 in the other heads' columns.
-    pub heads: std::ops::Range<usize>,
+    pub heads: crate::shard::Heads,
     /// The table's row format and global scale.
     pub format: RowFormat,
     pub global_scale: f32,

@@ -20,6 +20,7 @@ mod reference;
 mod report;
 mod run;
 mod shard;
+mod shards;
 mod workload;
 
 use crate::parse::{parse_bytes, parse_io_mode, parse_shard};
@@ -106,6 +107,12 @@ pub struct SteadyOptions {
     /// `scripts/bench-tp-procs.sh`).
     #[arg(long, requires = "shard")]
     pub no_whole: bool,
+    /// Run the N head shards of a tensor-parallel group in turn over the same steps, each with
+    /// --cache-bytes / N of row cache, and print each shard's storage reads, cache hits and step
+    /// time, and the most reads of any shard over the fewest (also replayed for contiguous
+    /// blocks of heads).
+    #[arg(long, value_name = "N", conflicts_with_all = ["shard", "replay_only"])]
+    pub shards: Option<u32>,
 }
 
 /// Runs the steady-state benchmark.

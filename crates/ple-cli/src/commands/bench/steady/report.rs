@@ -156,10 +156,9 @@ pub(super) fn print_intro(table_dir: &Path, s: &SteadyOptions, p: &Pipeline) {
     let info = p.table_info();
     if !info.shard.is_whole() {
         println!(
-            "{}: heads {}..{} ({} rows per token)",
+            "{}: heads {} ({} rows per token)",
             info.shard.describe(),
-            info.first_head,
-            info.first_head + info.shard_heads,
+            info.shard.heads(info.num_heads as usize).describe(),
             info.shard_heads
         );
     }

@@ -51,6 +51,14 @@ fn handle_options(a: &SteadyArgs) -> OpenOptions {
 pub(super) fn run(a: &SteadyArgs) -> Result<()> {
     let s = &a.opts;
     let opts = handle_options(a);
+    if let Some(n) = s.shards {
+        let results = super::shards::run(a, &opts, n)?;
+        return write_outputs(
+            a,
+            &[],
+            &json!({ "table_dir": a.table_dir, "shards": results }),
+        );
+    }
     let p = Pipeline::open(&a.table_dir, opts.clone())?;
     let meta = p.table().meta().clone();
     let rb = meta.row_bytes as usize;
@@ -113,7 +121,7 @@ pub(super) fn run(a: &SteadyArgs) -> Result<()> {
 /// What the run has measured: the current interval's and the whole run's.
 struct Measure {
     /// The handle's heads (its shard's), the row size, the mean bytes of a direct read of a row.
-    heads: std::ops::Range<usize>,
+    heads: ple_core::shard::Heads,
     rb: u64,
     span: f64,
     /// The table's resident pages at the start.
@@ -185,7 +193,7 @@ impl Measure {
         let uids: Vec<u64> = self
             .ids
             .chunks(16)
-            .flat_map(|t| t[self.heads.clone()].iter().map(|&x| x as u64))
+            .flat_map(|t| self.heads.iter().map(|h| t[h] as u64))
             .collect();
         let rb = self.rb;
         reps.par_iter_mut()

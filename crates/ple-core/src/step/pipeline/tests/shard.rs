@@ -73,12 +73,15 @@ fn shard_rows_are_the_whole_ids_of_its_heads() {
     for (index, count) in [(0, 3), (1, 3), (2, 3), (7, 16), (1, 2)] {
         let p = shard_handle(d.path(), index, count);
         let heads = Shard { index, count }.heads(16);
+        // round-robin: heads index, index + count, …
+        let want_heads: Vec<usize> = (index as usize..16).step_by(count as usize).collect();
+        assert_eq!(heads.iter().collect::<Vec<_>>(), want_heads);
         assert_eq!(p.heads(), heads);
         let info = p.table_info();
         assert_eq!(info.shard, Shard { index, count });
         assert_eq!(
-            (info.first_head as usize, info.shard_heads as usize),
-            (heads.start, heads.len())
+            (info.first_head, info.head_stride, info.shard_heads as usize),
+            (index, count, want_heads.len())
         );
         // ngram_ids stays the whole table's 16 ids per token
         assert_eq!(ids_of(&p, &b), ids);
@@ -89,7 +92,7 @@ fn shard_rows_are_the_whole_ids_of_its_heads() {
         // SAFETY: the step is Ready: `tokens × heads × row_bytes` bytes at `ptr` until consumed.
         let rows = unsafe { std::slice::from_raw_parts(ptr, n * heads.len() * rb) };
         for t in 0..n {
-            for (j, h) in heads.clone().enumerate() {
+            for (j, h) in heads.iter().enumerate() {
                 let got = &rows[(t * heads.len() + j) * rb..][..rb];
                 let want = synth::expected_row(SEED, format, ids[t * 16 + h] as u64);
                 assert_eq!(got, &want[..], "{index}/{count} token {t} head {h}");
@@ -176,7 +179,11 @@ fn accumulating_every_shard_is_the_whole_accumulate() {
                 for t in 0..n {
                     for h in 0..16 {
                         let e = t * 2560 + h * 160;
-                        let other = if heads.contains(&h) { &want } else { &base };
+                        let other = if heads.position(h).is_some() {
+                            &want
+                        } else {
+                            &base
+                        };
                         assert_eq!(
                             elems(&alone, dtype, e, 160),
                             elems(other, dtype, e, 160),
