@@ -11,7 +11,7 @@
 # by path ($PLE_LIBCUDA overrides the search; a driver the loader's cache does not list has its
 # folder put first on LD_LIBRARY_PATH, so the programs and libple load that very driver); runs
 # every GPU test and benchmark under `timeout` (limits below: at most 3 minutes 35 s in all),
-# then, where `target/release/ple` is there, the read-ahead p99 check of `ple bench --engine` and
+# then, where `target/release/ple` ($PLE_BIN overrides) is there, the read-ahead p99 check of `ple bench --engine` and
 # the all-cached step of `ple bench steady` on the host (at most 100 s more; carry the GPU run
 # without `ple` for a rerun of the GPU checks alone). Writes at most 8 files to $OUT (default
 # target/gpu-out; the device tool brings back 8): env.txt (the machine, the build's output, the
@@ -173,7 +173,7 @@ run gpu_bench 60 gpu_bench "$work/bin/gpu_bench" "$work/tables-bench" "$out"
 # the all-cached step against MMAP warm, both into host_bench.log. Their figures are a
 # benchmark's, not a pass/fail; a crash fails the run. At most 100 s together (36 s of timed
 # steps, idle and busy, plus the table, three short prefills and warm-ups).
-ple="$root/target/release/ple"
+ple=${PLE_BIN:-$root/target/release/ple}
 if [[ -x "$ple" ]]; then
     run host_bench 80 engine_p99 bash -c '"$1" synth-table "$2/t" --base 1000000 >/dev/null &&
         "$1" bench "$2/t" --engine --engine-prompt-tokens 2048 --pairs 1 --decode-steps 2 \

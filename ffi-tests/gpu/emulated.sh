@@ -10,7 +10,10 @@
 #       under PLE_EMU_STREAM_MEM_OPS=0), the Python package's dequant_fuse (emulated_python.py),
 #       gpu_test, gpu_robust and gpu_bench against it with
 #       target/cuda-emu first on LD_LIBRARY_PATH (libple's dlopen("libcuda.so.1") finds the
-#       emulator there, and only there). Results land in OUTDIR (default target/gpu-emu-out).
+#       emulator there, and only there); then device-check.sh itself against the emulator
+#       (PLE_LIBCUDA, its folder off the loader's path) with a stand-in `ple`: it must pass and
+#       write only the 8 files a device run brings back. Results land in OUTDIR (default
+#       target/gpu-emu-out).
 #       Every figure they print is the emulator's (CPU) timing, not a device's.
 # Exit status 0 iff every check of every program passed.
 #
@@ -71,6 +74,7 @@ for p in gpu_emu_test gpu_test gpu_robust gpu_bench; do
     gcc "${flags[@]}" "$here/$p.c" -o "$work/bin/$p" "$work/lib/libple.so" "$emu_dir/libcuda.so.1" \
         -lpthread -lm
 done
+ld_path0=${LD_LIBRARY_PATH:-}
 export LD_LIBRARY_PATH="$emu_dir:$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 rc=0
@@ -107,5 +111,37 @@ run python_dequant_fuse 120 PYTHONPATH="$root/python/src" PLE_LIBRARY="$work/lib
 run gpu_test 240 "$work/bin/gpu_test" "$work/tables-test" "$out"
 run gpu_robust 180 "$work/bin/gpu_robust" "$work/tables-robust" "$out"
 run gpu_bench 180 PLE_GPU_BENCH_REPS=3 "$work/bin/gpu_bench" "$work/tables-bench" "$out"
+# device-check.sh as a device session runs it, on the emulated driver: the driver given by path
+# in a folder the loader does not search (the script must put it on LD_LIBRARY_PATH itself), and
+# a stand-in `ple` for the host benchmarks (it prints a line each of their filters keeps): every
+# program must pass within the script's own limits, and $OUT must hold exactly the 8 files the
+# device tool brings back.
+mkdir -p "$work/stand-in"
+cat >"$work/stand-in/ple" <<'SH'
+#!/usr/bin/env bash
+# stand-in for `ple` in device-check.sh's host benchmarks (emulated.sh)
+case "$1" in
+synth-table) mkdir -p "$2" ;;
+bench) if [[ "$2" == steady ]]; then echo "all-cached: stand-in"; else echo "device: stand-in"; fi ;;
+*) exit 2 ;;
+esac
+SH
+chmod +x "$work/stand-in/ple"
+dc_out="$out/device-check"
+rm -rf "$dc_out"
+t0=$SECONDS s=0
+LD_LIBRARY_PATH="$ld_path0" OUT="$dc_out" PLE_LIBCUDA="$emu_dir/libcuda.so.1" PLE_CUDA_INCLUDE="$inc" \
+    PLE_BIN="$work/stand-in/ple" PLE_GPU_BENCH_REPS=3 timeout -k 5 600 bash "$here/device-check.sh" "$so" \
+    >"$out/device_check.log" 2>&1 || s=$?
+files=$(ls "$dc_out" 2>/dev/null | sort | tr '\n' ' ' || true)
+want="env.txt gpu_bench.json gpu_bench.log gpu_robust.json gpu_robust.log gpu_test.json gpu_test.log host_bench.log "
+say "device_check: exit $s after $((SECONDS - t0)) s (files: $files)"
+if [[ $s -ne 0 || "$files" != "$want" ]] || ! grep -q "devices 1" "$dc_out/env.txt" ||
+    grep -q "cuda-emu: misuse" "$dc_out"/*.log; then
+    cat "$out/device_check.log"
+    grep -hE "FAIL|FATAL|cuda-emu|panicked" "$dc_out"/*.log | head -20 || true
+    say "device_check: FAIL: device-check.sh on the emulated driver did not pass with exactly: $want"
+    rc=1
+fi
 say "results in $out (emulated: every figure is CPU timing, not a device's); exit $rc"
 exit $rc
