@@ -103,7 +103,8 @@ class Table:
         256 MiB row cache for a DIRECT handle, none for MMAP; 0 = none; ``info.cache_bytes``
         says what the handle got), ``io_mode`` ("auto"/"mmap"/"direct"), ``shard_count`` and
         ``shard_index`` (a head shard for one of ``shard_count`` tensor/data-parallel ranks: the
-        handle reads only heads ``[info.shard_first_head, + info.shard_heads)``,
+        handle reads only heads ``shard_index, shard_index + shard_count, ...`` (round-robin:
+        ``info.shard_first_head + j * info.shard_head_stride`` for ``j < info.shard_heads``),
         `packed_rows` has that many rows per token, and ``dequant_*`` write -0.0 in the other
         heads' columns, so an all-reduce (sum) of every rank's output is the whole table's
         output bit for bit), ``ahead_max_rows`` (the bound of `prefetch_ahead`'s queue; 0 = the
