@@ -113,15 +113,15 @@ fn steady_bench_of_a_shard_sits_beside_the_whole_table() {
         .unwrap();
     let text = common::stdout_of_success(out);
     assert!(
-        text.contains("shard 2/3: heads 10..16 (6 rows per token)"),
+        text.contains("shard 2/3: heads 2, 5, 8, 11, 14 (5 rows per token)"),
         "{text}"
     );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let s = &v["shard"];
-    assert_eq!(s["rank"]["rows_per_token"], 6.0);
+    assert_eq!(s["rank"]["rows_per_token"], 5.0);
     assert_eq!(s["whole"]["rows_per_token"], 16.0);
     assert_eq!(s["rank"]["tokens"], s["whole"]["tokens"], "the same steps");
-    assert_eq!(s["rank_over_whole"]["rows"], 6.0 / 16.0);
+    assert_eq!(s["rank_over_whole"]["rows"], 5.0 / 16.0);
     let hits = |x: &serde_json::Value| x["hit_rate"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&hits(&s["rank"])) && (0.0..=1.0).contains(&hits(&s["whole"])));
     let o = Command::new(env!("CARGO_BIN_EXE_ple"))
@@ -130,6 +130,54 @@ fn steady_bench_of_a_shard_sits_beside_the_whole_table() {
         .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--steady"));
+}
+
+/// `--shards N`: every rank runs the same steps with 1/N of the cache, reads its heads' rows
+/// (round-robin: 16/N each), counts every row as a hit or a miss, and the replay of its heads
+/// through the same policy finds about as many misses as the rank's cache; the JSON holds the
+/// per-shard figures and the most/fewest ratios.
+#[test]
+fn steady_bench_runs_every_shard_of_a_group() {
+    let d = tempfile::tempdir().unwrap();
+    let table = d.path().join("t");
+    ple_testkit::synth::write_table(
+        &table,
+        ple_core::model::RowFormat::Nvfp4,
+        &ple_testkit::synth::small_config(3000, 8),
+        2,
+    )
+    .unwrap();
+    let json = d.path().join("s.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_ple"))
+        .args(["bench", "steady", table.to_str().unwrap(), "--shards", "4"])
+        .args(["--requests", "8", "--steps", "40", "--prompt-tokens", "60"])
+        .args(["--cache-bytes", "256K", "--threads", "1"])
+        .args(["--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = common::stdout_of_success(out);
+    assert!(text.contains("most / fewest storage reads of a shard"), "{text}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let s = &v["shards"];
+    assert_eq!(s["shards"], 4);
+    assert_eq!(s["cache_bytes_per_rank"], 64 * 1024);
+    let ranks = s["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 4);
+    let u = |x: &serde_json::Value| x.as_u64().unwrap();
+    let rows: Vec<u64> = ranks.iter().map(|r| u(&r["rows"])).collect();
+    assert!(rows.iter().all(|&r| r == rows[0] && r > 0), "{rows:?}");
+    for (k, r) in ranks.iter().enumerate() {
+        let heads: Vec<String> = (k..16).step_by(4).map(|h| h.to_string()).collect();
+        assert_eq!(r["heads"], heads.join(", "));
+        assert_eq!(u(&r["cache_hits"]) + u(&r["cache_misses"]), u(&r["rows"]));
+        let replayed = u(&s["replayed_misses_round_robin"][k]);
+        let misses = u(&r["cache_misses"]);
+        assert!(
+            replayed.abs_diff(misses) * 20 <= misses,
+            "shard {k}: replayed {replayed} misses, the handle's cache {misses}"
+        );
+    }
+    assert_eq!(s["replayed_misses_contiguous"].as_array().unwrap().len(), 4);
 }
 
 /// `ple bench steady DIR` and the old spelling `ple bench DIR --steady` run the same benchmark:
