@@ -21,7 +21,7 @@
 #define PLE_VERSION_MAJOR 0
 
 // Minor version (the ABI changes with it while the major version is 0).
-#define PLE_VERSION_MINOR 1
+#define PLE_VERSION_MINOR 2
 
 // Patch version.
 #define PLE_VERSION_PATCH 0

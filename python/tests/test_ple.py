@@ -372,7 +372,7 @@ def test_the_bundled_library_is_loaded():
         pytest.skip("PLE_LIBRARY overrides the bundled libple.so")
     here = os.path.dirname(os.path.abspath(ple.__file__))
     assert _lib._find_library() == os.path.join(here, "libple.so")
-    assert ple.version().startswith("0.1.")
+    assert ple.version().startswith("0.2.")
     if os.environ.get("PLE_EXPECT_INSTALLED"):  # scripts/test.sh: the wheel in a fresh venv
         assert here.startswith(sys.prefix) and "site-packages" in here, here
         assert shutil.which("cargo") is None and shutil.which("rustc") is None

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 /// Major version of this header and library.
 pub const PLE_VERSION_MAJOR: u32 = 0;
 /// Minor version (the ABI changes with it while the major version is 0).
-pub const PLE_VERSION_MINOR: u32 = 1;
+pub const PLE_VERSION_MINOR: u32 = 2;
 /// Patch version.
 pub const PLE_VERSION_PATCH: u32 = 0;
 /// ABI version: `major * 10000 + minor * 100 + patch`, as returned by `ple_abi_version()`.

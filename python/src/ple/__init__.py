@@ -62,4 +62,4 @@ __all__ = [
     "set_log_callback",
     "version",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

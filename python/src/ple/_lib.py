@@ -153,7 +153,7 @@ def _find_library() -> str:
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libple.so")
     if os.path.exists(here):
         return here
-    return "libple.so.0.1"  # an installed libple on the loader's path
+    return "libple.so.0.2"  # an installed libple on the loader's path
 
 
 # every function of ple.h: name -> (restype, argtypes); tests/test_lib_signatures.py checks each
