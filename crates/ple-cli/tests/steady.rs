@@ -156,7 +156,10 @@ fn steady_bench_runs_every_shard_of_a_group() {
         .output()
         .unwrap();
     let text = common::stdout_of_success(out);
-    assert!(text.contains("most / fewest storage reads of a shard"), "{text}");
+    assert!(
+        text.contains("most / fewest storage reads of a shard"),
+        "{text}"
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let s = &v["shards"];
     assert_eq!(s["shards"], 4);
