@@ -11,23 +11,24 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from . import PleError, Table, TableOptions, version
 
 
-def _shard_of(table_dir: str) -> Optional[Dict[str, int]]:
-    """The `shard` record of a libple shard table's table.json, else None."""
+def _shard_of(table_dir: str) -> Optional[Dict[str, Any]]:
+    """The `shard` record of a libple shard table's table.json (index, count, whole_total_rows,
+    and its layout when it has one), else None."""
     try:
         with open(os.path.join(table_dir, "table.json"), "rb") as f:
             meta = json.loads(f.read(1 << 20))
     except (OSError, ValueError):
         return None  # no libple metadata (or unreadable): opening reports it
     s = meta.get("shard") if isinstance(meta, dict) else None
-    keys = ("index", "count", "first_row", "whole_total_rows")
+    keys = ("index", "count", "whole_total_rows")
     if not isinstance(s, dict) or not all(isinstance(s.get(k), int) for k in keys):
         return None
-    return {k: s[k] for k in keys}
+    return {**{k: s[k] for k in keys}, "layout": s.get("layout")}
 
 
 def _inspect(a: argparse.Namespace) -> int:
@@ -55,7 +56,7 @@ def _inspect(a: argparse.Namespace) -> int:
     print(f"rows:         {i['total_rows']}, {i['addressed_rows']} addressed by the hash")
     if shard is not None:
         heads = ", ".join(str(i.shard_first_head + j * i.shard_head_stride) for j in range(i.shard_heads))
-        print(f"head shard:   {shard['index']}/{shard['count']} ({shard.get('layout', '?')}): heads {heads}, "
+        print(f"head shard:   {shard['index']}/{shard['count']} ({shard['layout'] or '?'}): heads {heads}, "
               f"{i.total_rows} of the whole table's {shard['whole_total_rows']} rows")
     print(f"heads:        {i['num_heads']} × {i['head_dim']} elements, ngram_size {i['ngram_size']}")
     print(f"tokens:       vocab_size {i['vocab_size']}, eos {i['eos_token_id']}")
