@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 // Runs `f`; returns the status of the ple::error it throws (PLE_OK if it throws none), and copies
 // the error's message into `message`.
@@ -87,6 +88,31 @@ int main() {
     });
     CHECK(st == PLE_E_STATE);
     CHECK(raw != nullptr && !is_open(raw));
+
+    // submit_ids: the ids of a batch give the batch's rows; a size that is no whole token throws.
+    {
+        ple_handle_ptr ih = ple::open(dir, &opts);
+        int32_t toks[3] = {5, 77, 248044}, pos[3] = {4, 5, 6}, ctx[2] = {9, 10};
+        uint64_t rid = 3;
+        uint32_t qs[2] = {0, 3};
+        ple_batch b = {toks, pos, 3, &rid, qs, 1, ctx};
+        std::vector<int64_t> ids(3 * 16);
+        ple::check(ple_ngram_ids(ih.get(), &b, ids.data()));
+        ple::check(ple_submit(ih.get(), &b, 1));
+        ple::submit_ids(ih.get(), ids, 2);
+        const uint8_t *r1 = nullptr, *r2 = nullptr;
+        uint32_t n1 = 0, n2 = 0;
+        ple::check(ple_packed_rows(ih.get(), 1, &r1, &n1));
+        ple::check(ple_packed_rows(ih.get(), 2, &r2, &n2));
+        size_t bytes = 3 * 16 * (size_t)ple::table_info(ih.get()).row_bytes;
+        CHECK(n1 == 3 && n2 == 3 && std::memcmp(r1, r2, bytes) == 0);
+        std::vector<int64_t> short_ids(ids.begin(), ids.end() - 1);
+        CHECK(thrown_status([&] { ple::submit_ids(ih.get(), short_ids, 3); }, &msg) == PLE_E_INVALID_ARGUMENT);
+        CHECK(msg.find("whole number of tokens") != std::string::npos);
+        ids[16 + 4] = -1;  // token 1, head 4
+        CHECK(thrown_status([&] { ple::submit_ids(ih.get(), ids, 3); }, &msg) == PLE_E_INVALID_ARGUMENT);
+        CHECK(msg.find("ids[1][4] = -1") != std::string::npos);
+    }
 
     // reset() closes at once.
     ple_handle_ptr h = ple::open(dir, nullptr);

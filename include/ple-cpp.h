@@ -95,6 +95,20 @@ inline ple_counters stats(const ple_handle *handle) {
     return counters;
 }
 
+// ple_submit_ids of a container of int64_t row ids (`[tokens][num_heads]`, e.g. a
+// std::vector<int64_t>): the token count from its size; throws on a size that is not a whole
+// number of tokens, and as ple_submit_ids refuses.
+template <class Ids>
+inline void submit_ids(ple_handle *handle, const Ids &ids, uint64_t seq, ple_ids_flags flags = 0) {
+    uint32_t heads = table_info(handle).num_heads;
+    if (heads == 0 || ids.size() % heads != 0 || ids.size() / heads > UINT32_MAX) {
+        std::string m = "ple::submit_ids: ids.size() " + std::to_string(ids.size()) +
+                        " is not a whole number of tokens of " + std::to_string(heads) + " heads";
+        throw error(PLE_E_INVALID_ARGUMENT, m.c_str());
+    }
+    check(ple_submit_ids(handle, ids.data(), (uint32_t)(ids.size() / heads), flags, seq));
+}
+
 }  // namespace ple
 
 #endif  // PLE_CPP_H

@@ -527,6 +527,9 @@ typedef struct ple_token_batch {
   const int32_t *context;
 } ple_token_batch;
 
+// Flags of `ple_submit_ids`: `PLE_IDS_*` bits.
+typedef uint32_t ple_ids_flags;
+
 // Options for `ple_pack`. Initialise with `ple_pack_options_default()`.
 typedef struct ple_pack_options {
   // `sizeof(ple_pack_options)` as the caller compiled it.
@@ -554,6 +557,10 @@ typedef int32_t (*ple_progress_fn)(uint64_t done_bytes, uint64_t total_bytes, vo
 
 // `ple_dequant_*` flag: add into `out` instead of overwriting it.
 #define PLE_FUSE_ACCUMULATE 1
+
+// `ple_submit_ids` flag: count the step's rows as prefill rows (`ple_counters.prefill_*`; without
+// it, decode rows).
+#define PLE_IDS_PREFILL 1
 
 #ifdef __cplusplus
 extern "C" {
@@ -778,6 +785,32 @@ ple_status ple_prefetch_ahead(struct ple_handle *handle, const struct ple_batch 
 // `batch` is NULL or a `ple_token_batch` (with `struct_size` set) whose arrays hold the lengths
 // it states.
 ple_status ple_prefetch_ahead_tokens(struct ple_handle *handle, const struct ple_token_batch *batch);
+
+// Submits one engine step given by the row ids the engine computed itself (its own n-gram hash)
+// instead of tokens: `ids` is `[num_tokens][num_heads]` whole-table row ids (`ple_info.num_heads`
+// per token, as `ple_ngram_ids` gives them), head `h`'s id of a token in `[offset[h], offset[h] +
+// size[h])` of the table's hash (`docs/FORMAT.md`). Every id is checked before anything else: one
+// outside its head's rows is `PLE_E_INVALID_ARGUMENT` naming the token, the head and the id, and
+// nothing is read and no ring slot taken. Then the step runs as `ple_submit`'s would, through
+// the same row cache, I/O mode, read-ahead and views (`ple_wait`, `ple_packed_rows`,
+// `ple_dequant_cpu`, `ple_dequant_fuse`), and gives the same rows bit for bit as a batch whose
+// tokens hash to these ids. A head shard's handle reads only its heads' ids (all are checked).
+// Tracked request history is neither read nor changed. `num_tokens`: 1 to
+// `max_tokens_per_step`. `flags`: 0 or `PLE_IDS_PREFILL` (the rows count as prefill rows).
+// `seq` and a full ring as in `ple_submit`. The ids are copied: the array is free again when
+// the call returns.
+//
+// # Safety
+// `ids` is NULL or points to `num_tokens × ple_info.num_heads` readable `int64_t`.
+ple_status ple_submit_ids(struct ple_handle *handle, const int64_t *ids, uint32_t num_tokens, ple_ids_flags flags, uint64_t seq);
+
+// `ple_prefetch_ahead` of rows given by the engine's own ids (`[num_tokens][num_heads]`, checked
+// as `ple_submit_ids` checks them; nothing is queued when one is outside its head's rows): they
+// are read into the row cache in the background. Not bounded by `max_tokens_per_step`.
+//
+// # Safety
+// `ids` is NULL or points to `num_tokens × ple_info.num_heads` readable `int64_t`.
+ple_status ple_prefetch_ahead_ids(struct ple_handle *handle, const int64_t *ids, uint32_t num_tokens);
 
 /* ==============================================================================================
  * GPU: fused dequant, CUDA Graph mode, device errors

@@ -14,6 +14,7 @@ const SECTIONS: &[&str] = &[
     "log.rs",
     "handle.rs",
     "step.rs",
+    "ids.rs",
     "gpu.rs",
     "pack.rs",
 ];

@@ -132,6 +132,38 @@ def test_packed_rows_are_the_table_rows_at_the_ids(table, table_dir):
     step.release()
 
 
+def test_submit_ids_gives_the_token_paths_rows_and_output_and_refuses_bad_ids(table_dir):
+    with ple.Table(table_dir, max_tokens_per_step=64, num_threads=2, cache_bytes=8 << 20, io_mode="mmap") as t:
+        ids = t.ngram_ids(**TWO)
+        a = t.submit(**TWO)
+        rows_a, out_a = a.packed_rows().copy(), a.dequant_cpu()
+        b = t.submit_ids(ids)
+        rows_b = b.packed_rows().copy()
+        np.testing.assert_array_equal(rows_b, rows_a)
+        np.testing.assert_array_equal(rows_b, file_rows(table_dir, ids))
+        np.testing.assert_array_equal(b.dequant_cpu().view(np.uint32), out_a.view(np.uint32))
+        # a list of lists and a CPU-order copy of another integer dtype read the same
+        c = t.submit_ids(ids.astype(np.uint32).tolist(), prefill=True)
+        np.testing.assert_array_equal(c.packed_rows(), rows_a)
+        c.release()
+        assert t.stats()["prefill_rows"] >= 8 * 16
+        # read ahead by ids
+        t.prefetch_ahead_ids(ids)
+        assert t.stats()["ahead_asked"] == 8 * 16
+        # bad ids: outside its head (named with token, head, value), wrong shape, not integers
+        bad = ids.copy()
+        bad[1, 9] = -5
+        rows_before = t.stats()["prefill_rows"] + t.stats()["decode_rows"]
+        for call in (lambda: t.submit_ids(bad), lambda: t.prefetch_ahead_ids(bad)):
+            with pytest.raises(ple.PleInvalidArgumentError) as e:
+                call()
+            assert "ids[1][9] = -5 (token 1, head 9)" in e.value.message
+        for wrong in (ids[:, :15], ids.reshape(-1), ids.astype(np.float64), np.empty((0, 16), np.int64)):
+            with pytest.raises(ple.PleInvalidArgumentError):
+                t.submit_ids(wrong)
+        assert t.stats()["prefill_rows"] + t.stats()["decode_rows"] == rows_before
+
+
 def test_dequant_cpu_matches_an_ml_dtypes_decode(table, table_dir):
     ids = table.ngram_ids(**TWO)
     want = nvfp4_values(file_rows(table_dir, ids), table.info["global_scale"]).reshape(8, D)

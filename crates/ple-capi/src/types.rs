@@ -111,6 +111,13 @@ pub type ple_fuse_flags = u32;
 /// `ple_dequant_*` flag: add into `out` instead of overwriting it.
 pub const PLE_FUSE_ACCUMULATE: ple_fuse_flags = 1;
 
+/// Flags of `ple_submit_ids`: `PLE_IDS_*` bits.
+pub type ple_ids_flags = u32;
+
+/// `ple_submit_ids` flag: count the step's rows as prefill rows (`ple_counters.prefill_*`; without
+/// it, decode rows).
+pub const PLE_IDS_PREFILL: ple_ids_flags = 1;
+
 /// When steps prefetch (`ple_options.prefetch_policy`): a `PLE_PREFETCH_*` value.
 pub type ple_prefetch_policy = i32;
 

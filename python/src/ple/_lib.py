@@ -173,6 +173,8 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ple_submit_tokens": (c_int32, [_HANDLE, POINTER(ple_token_batch), c_uint64]),
     "ple_prefetch_ahead": (c_int32, [_HANDLE, POINTER(ple_batch)]),
     "ple_prefetch_ahead_tokens": (c_int32, [_HANDLE, POINTER(ple_token_batch)]),
+    "ple_submit_ids": (c_int32, [_HANDLE, c_void_p, c_uint32, c_uint32, c_uint64]),
+    "ple_prefetch_ahead_ids": (c_int32, [_HANDLE, c_void_p, c_uint32]),
     "ple_wait": (c_int32, [_HANDLE, c_uint64, c_uint64]),
     "ple_packed_rows": (c_int32, [_HANDLE, c_uint64, POINTER(POINTER(c_uint8)), c_uint32_p]),
     "ple_release_step": (c_int32, [_HANDLE, c_uint64]),

@@ -63,6 +63,7 @@ class _Handle:
 
 
 U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
 
 
 def _seq(step: StepRef) -> int:
@@ -411,6 +412,71 @@ class Table:
         else:
             check(lib.ple_prefetch_ahead(self._ptr, ctypes.byref(b)))
         del keep  # libple hashed the batch during the call
+
+    def _ids(self, ids: ArrayLike) -> Tuple[np.ndarray, int]:
+        """`ids` as a C-contiguous ``[num_tokens, num_heads]`` int64 array, and num_tokens."""
+        a = _arrays.host_input(ids, np.int64, "ids", max_ndim=2)
+        heads = int(self.info["num_heads"])
+        if a.ndim != 2 or a.shape[1] != heads:
+            raise invalid_argument(f"ids must be a [num_tokens, {heads}] array, got shape {a.shape}")
+        if a.shape[0] > U32_MAX:
+            raise invalid_argument(f"ids holds {a.shape[0]} tokens, more than {U32_MAX}")
+        return a, int(a.shape[0])
+
+    def submit_ids(self, ids: ArrayLike, *, prefill: bool = False, seq: Optional[int] = None) -> Step:
+        """Submits one engine step given by the row ids the engine computed itself
+        (``ple_submit_ids``), instead of tokens: the same rows, bit for bit, as a batch whose
+        tokens hash to these ids, through the same cache, I/O and views. Tracked history is
+        neither read nor changed.
+
+        Parameters
+        ----------
+        ids : array_like
+            ``[num_tokens, num_heads]`` whole-table row ids (as `ngram_ids` gives them), integers;
+            head ``h``'s in its rows of the table's hash. 1 to ``max_tokens_per_step`` tokens.
+        prefill : bool
+            Count the step's rows as prefill rows (else decode rows).
+        seq : int, optional
+            As in `submit`.
+
+        Returns
+        -------
+        Step
+            The submitted step.
+
+        Raises
+        ------
+        PleInvalidArgumentError
+            Ids that are not integers of the right shape, or an id outside its head's rows
+            (named with its token, head and value): nothing is read, no slot taken.
+        PleStateError, PleTimeoutError
+            As in `submit`.
+        """
+        a, n = self._ids(ids)
+        s = self._last_seq + 1 if seq is None else _arrays.host_int(seq, "seq", 0, U64_MAX)
+        self._release_orphans()
+        check(lib.ple_submit_ids(self._ptr, a.ctypes.data, n, 1 if prefill else 0, s))
+        self._last_seq = s
+        self._live[s] = n
+        return Step(self, s, n)
+
+    def prefetch_ahead_ids(self, ids: ArrayLike) -> None:
+        """Reads the rows of ``[num_tokens, num_heads]`` row ids known ahead of their step in the
+        background (``ple_prefetch_ahead_ids``), as `prefetch_ahead` does for tokens; the ids are
+        checked as `submit_ids` checks them.
+
+        Parameters
+        ----------
+        ids : array_like
+            As in `submit_ids` (any number of tokens).
+
+        Raises
+        ------
+        PleInvalidArgumentError
+            As in `submit_ids`.
+        """
+        a, n = self._ids(ids)
+        check(lib.ple_prefetch_ahead_ids(self._ptr, a.ctypes.data, n))
 
     def ngram_ids(
         self,

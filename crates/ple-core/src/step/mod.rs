@@ -15,6 +15,7 @@
 mod ahead;
 mod consume;
 mod headroom;
+mod ids;
 pub mod options;
 pub mod pipeline;
 pub mod reader;

@@ -31,7 +31,7 @@ use super::ahead::{Ahead, queue_cap};
 use super::reader::{IoInfo, Reader};
 use super::ring::Completion;
 use super::shared::{PRETOUCH_MAX_BYTES, Shared, Staging, force_slot_by_seq, replays};
-use super::worker::{Job, Work, worker_main};
+use super::worker::{Job, StepInput, Work, worker_main};
 use crate::dequant::gpu::{GpuConfig, GpuSide};
 use crate::error::{Error, Result};
 use crate::format::table::Table;
@@ -305,22 +305,66 @@ impl Pipeline {
         resolve_contexts_checked(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)
     }
 
-    /// [`Pipeline::submit`], staging token `order[g]` of the caller from token `g` of `b`.
-    pub(super) fn submit_in_order(&self, b: &Batch, order: Option<&[u32]>, seq: u64) -> Result<()> {
-        let mut sub = lock(&self.submit_state);
-        let sh = &*self.sh;
+    /// Checks `seq` against the last submitted one (under the submit lock `sub`).
+    pub(super) fn check_seq(sub: &SubmitState, seq: u64) -> Result<()> {
         let last_seq = sub.last_seq;
         if seq == 0 || seq <= last_seq {
             return Err(Error::State(format!(
                 "seq {seq} must be greater than the last submitted seq {last_seq} (and not 0)"
             )));
         }
+        Ok(())
+    }
+
+    /// [`Pipeline::submit`], staging token `order[g]` of the caller from token `g` of `b`.
+    pub(super) fn submit_in_order(&self, b: &Batch, order: Option<&[u32]>, seq: u64) -> Result<()> {
+        let mut sub = lock(&self.submit_state);
+        let sh = &*self.sh;
+        Self::check_seq(&sub, seq)?;
         let ctx = self.checked_contexts(b, sh.opts.max_tokens_per_step, true)?;
         let prefill = b
             .query_start
             .windows(2)
             .any(|w| (w[1] - w[0]) as usize > stats::DECODE_MAX_SPAN);
+        let input = |ctx: Vec<i32>| match order {
+            None => StepInput::Tokens {
+                tokens: b.tokens.to_vec(),
+                ctx,
+            },
+            Some(o) => {
+                let k = sh.reader.table.meta().ngram_size as usize - 1;
+                let scatter = crate::lookup::tokens::scatter_rows;
+                StepInput::Tokens {
+                    tokens: scatter(b.tokens, o, 1),
+                    ctx: scatter(&ctx, o, k),
+                }
+            }
+        };
+        let tracked = b.context.is_none().then_some(b);
+        self.enqueue(
+            &mut sub,
+            seq,
+            b.tokens.len(),
+            || input(ctx),
+            prefill,
+            tracked,
+        )
+    }
 
+    /// Takes step `seq`'s ring slot (per `ring_full_policy`), commits the tracked history of
+    /// `tracked` (a tracked batch) once nothing else can refuse the step, and hands the step
+    /// (`input()`, `num_tokens` tokens) to the worker. `sub` is the held submit lock, `seq`
+    /// already checked.
+    pub(super) fn enqueue(
+        &self,
+        sub: &mut SubmitState,
+        seq: u64,
+        num_tokens: usize,
+        input: impl FnOnce() -> StepInput,
+        prefill: bool,
+        tracked: Option<&Batch>,
+    ) -> Result<()> {
+        let sh = &*self.sh;
         if sub.tx.is_none() {
             return Err(Error::State("the handle is closing".into()));
         }
@@ -328,7 +372,7 @@ impl Pipeline {
         // early. GPU: exactly seq % slots)
         let slot = sh.completion.acquire(
             seq,
-            b.tokens.len() as u32,
+            num_tokens as u32,
             sh.opts.ring_full_policy,
             sh.opts.wait_timeout_us,
             &sh.stats,
@@ -336,26 +380,18 @@ impl Pipeline {
         debug_assert!(sh.gpu.as_ref().is_none_or(|g| g.slot_of(seq) == slot));
         sub.last_seq = seq;
         // Tracked history changes last, once nothing else can refuse the step.
-        if b.context.is_none() {
+        if let Some(b) = tracked {
             if let Err(e) = lock(&self.tracker).commit(b) {
                 sh.completion.cancel(seq, slot, None);
                 return Err(e);
             }
         }
-        let (tokens, ctx) = match order {
-            None => (b.tokens.to_vec(), ctx),
-            Some(o) => {
-                let k = sh.reader.table.meta().ngram_size as usize - 1;
-                let scatter = crate::lookup::tokens::scatter_rows;
-                (scatter(b.tokens, o, 1), scatter(&ctx, o, k))
-            }
-        };
         let now = Instant::now();
         let job = Job {
             seq,
             slot,
-            tokens,
-            ctx,
+            num_tokens: num_tokens as u32,
+            input: input(),
             prefill,
             submitted: now,
         };

@@ -177,11 +177,44 @@ impl Reader {
         s: &mut ReadScratch,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<StepRecord> {
-        let n = tokens.len();
+        let t0 = Instant::now();
+        self.hash(tokens, ctx, s)?;
+        self.read_ids(tokens.len(), out, s, t0, cancelled)
+    }
+
+    /// [`Reader::read_step`] of rows given by the caller (`ple_submit_ids`): `rows` holds
+    /// `[tokens][heads]` rows of the row file, checked to be inside it.
+    pub fn read_rows(
+        &self,
+        rows: &[u64],
+        out: &mut [u8],
+        s: &mut ReadScratch,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<StepRecord> {
+        let t0 = Instant::now();
+        s.ids.clear();
+        s.ids.extend_from_slice(rows);
+        self.read_ids(rows.len() / self.heads.len(), out, s, t0, cancelled)
+    }
+
+    /// Reads the rows `s.ids` of `n` tokens (found since `t0`: the step's hash time) into `out`
+    /// by the handle's I/O mode.
+    fn read_ids(
+        &self,
+        n: usize,
+        out: &mut [u8],
+        s: &mut ReadScratch,
+        t0: Instant,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<StepRecord> {
         let heads = self.heads.len();
         let want = n * heads * self.table.row_bytes();
-        if out.len() < want {
-            return crate::invalid!("out holds {} bytes, the step's rows need {want}", out.len());
+        if out.len() < want || s.ids.len() != n * heads {
+            return crate::invalid!(
+                "out holds {} bytes and {} row ids; the step's {n} tokens need {want} bytes",
+                out.len(),
+                s.ids.len()
+            );
         }
         s.count_pages_later = false;
         let mut rec = StepRecord {
@@ -189,8 +222,6 @@ impl Reader {
             rows: (n * heads) as u64,
             ..Default::default()
         };
-        let t0 = Instant::now();
-        self.hash(tokens, ctx, s)?;
         let t1 = Instant::now();
         rec.hash_ns = stats::ns(t1 - t0);
         let out = &mut out[..want];

@@ -28,11 +28,18 @@ pub(super) enum Work {
 pub(super) struct Job {
     pub(super) seq: u64,
     pub(super) slot: usize,
-    pub(super) tokens: Vec<i32>,
-    /// `tokens.len() × (ngram_size - 1)` context ids, ctx1 first.
-    pub(super) ctx: Vec<i32>,
+    pub(super) num_tokens: u32,
+    pub(super) input: StepInput,
     pub(super) prefill: bool,
     pub(super) submitted: Instant,
+}
+
+/// What a step's rows come from.
+pub(super) enum StepInput {
+    /// Tokens to hash, with `tokens.len() × (ngram_size - 1)` context ids, ctx1 first.
+    Tokens { tokens: Vec<i32>, ctx: Vec<i32> },
+    /// The rows themselves (`ple_submit_ids`), checked: `[tokens][heads]` rows of the row file.
+    Rows(Vec<u64>),
 }
 
 /// The worker's part of a step: the reader reads its rows into its slot, then the device
@@ -63,7 +70,10 @@ fn run_step(sh: &Shared, job: &Job, s: &mut ReadScratch) -> Result<StepRecord> {
     let staging = unsafe { sh.staging_mut(job.slot) };
     let r: &Reader = &sh.reader;
     let cancelled = || sh.completion.closing();
-    let mut rec = r.read_step(&job.tokens, &job.ctx, staging, s, &cancelled)?;
+    let mut rec = match &job.input {
+        StepInput::Tokens { tokens, ctx } => r.read_step(tokens, ctx, staging, s, &cancelled)?,
+        StepInput::Rows(rows) => r.read_rows(rows, staging, s, &cancelled)?,
+    };
     sh.count_ahead_hits();
     rec.queue_ns = queue_ns;
     rec.prefill = job.prefill;
@@ -82,7 +92,7 @@ fn upload(sh: &Shared, job: &Job, bytes: usize, mut rec: StepRecord) -> Result<S
             ));
         }
         let t = Instant::now();
-        g.upload(job.slot, bytes, job.seq, job.tokens.len() as u32)?;
+        g.upload(job.slot, bytes, job.seq, job.num_tokens)?;
         rec.copy_ns = stats::ns(t.elapsed());
     }
     Ok(rec)
@@ -112,7 +122,7 @@ fn publish_failed_to_device(sh: &Shared, job: &Job) {
         sh.hooks.device_failures.fetch_add(1, Ordering::SeqCst);
     }
     if let Some(g) = &sh.gpu {
-        if let Err(ge) = g.publish_failed(job.slot, job.seq, job.tokens.len() as u32) {
+        if let Err(ge) = g.publish_failed(job.slot, job.seq, job.num_tokens) {
             log::warn!("step {}: publishing the failure to the GPU: {ge}", job.seq);
         }
     }

@@ -459,6 +459,9 @@ mod residency;
 // Head shards.
 mod shard;
 
+// Rows by the engine's own ids (`submit_ids`).
+mod ids;
+
 #[test]
 fn a_close_with_the_worker_stuck_returns_within_100_ms_and_the_reaper_frees_it() {
     let d = make_table(RowFormat::Nvfp4, 300);
