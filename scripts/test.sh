@@ -117,6 +117,12 @@ cmake -S examples/llama_cpp -B "$work/llama" -DCMAKE_PREFIX_PATH="$prefix" -DLLA
 cmake --build "$work/llama" -j 2 >/dev/null
 ctest --test-dir "$work/llama" --output-on-failure
 
+step "llama.cpp fork (integrations/llama.cpp): Qwen4Exp's PLE rows from libple, logits bit-identical to stock llama.cpp"
+# build.sh fetches llama-cpp-python's sdist (pinned by sha256), patches and builds it once into
+# target/llama.cpp-ple (~6 min on 2 cores; reruns rebuild what changed), against the libple of
+# target/release; test.sh makes a tiny Qwen4Exp GGUF and its table in the torch venv (cached there too)
+PLE_NO_BUILD=1 integrations/llama.cpp/test.sh "$tdir/llama.cpp-ple"
+
 step "Python package: the wheel (with libple.so) in a fresh venv, pytest with no Rust toolchain on PATH"
 PLE_NO_BUILD=1 scripts/build-wheel.sh "$work/wheels" >/dev/null
 # pure Python over libple.so: tagged for any CPython 3 on the platform
