@@ -116,6 +116,9 @@ typedef enum ple_format_code {
   PLE_FORMAT_FP8 = 2,
   // Row format `bf16`: 160 little-endian bf16 per row.
   PLE_FORMAT_BF16 = 3,
+  // Row format `f32`: 160 little-endian IEEE f32 per row (an unquantised table). New in
+  // 0.2.
+  PLE_FORMAT_F32 = 4,
 } ple_format_code;
 
 // Output element type of `ple_dequant_*`: a `PLE_DTYPE_*` value.
@@ -330,9 +333,9 @@ typedef struct ple_options {
 typedef struct ple_info {
   // Set by the caller to `sizeof(ple_info)`.
   size_t struct_size;
-  // `PLE_FORMAT_NVFP4`, `_FP8` or `_BF16`.
+  // `PLE_FORMAT_NVFP4`, `_FP8`, `_BF16` or `_F32`.
   ple_format format;
-  // Bytes per row (90, 160 or 320).
+  // Bytes per row (90, 160, 320 or 640).
   uint32_t row_bytes;
   // Rows in the row file (padded).
   uint64_t total_rows;
@@ -348,7 +351,7 @@ typedef struct ple_info {
   uint32_t vocab_size;
   // EOS / BOS token id.
   int32_t eos_token_id;
-  // The global dequantisation scale (1.0 for bf16).
+  // The global dequantisation scale (1.0 for bf16 and f32).
   float global_scale;
   // Bytes of the row file.
   uint64_t file_size;

@@ -51,6 +51,7 @@ typedef unsigned char u8;
 #define FMT_NVFP4 1
 #define FMT_FP8 2
 #define FMT_BF16 3
+#define FMT_F32 4
 #define DT_F32 0
 #define DT_F16 1
 #define DT_BF16 2
@@ -129,7 +130,7 @@ struct DequantParams {
     int fmt;
     int dtype;
     u32 flags;
-    float scale; /* global scale (unused for bf16 rows) */
+    float scale; /* global scale (unused for bf16 and f32 rows) */
     u16 first_head;  /* the step's rows are heads first_head + j * head_stride, j < heads: */
     u16 heads;       /* heads rows per token; other heads' columns: -0 (accumulate: untouched) */
     u16 head_stride; /* >= 1 */
@@ -388,6 +389,23 @@ template <> struct Fmt<FMT_BF16> {
     }
 };
 
+template <> struct Fmt<FMT_F32> {
+    enum : u32 { TOKEN_BYTES = 10240 };
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float, float v[8],
+                                                  bool zc) {
+        /* little-endian f32 values, as is; 16-byte aligned (row_bytes 640, e0 % 8 == 0) */
+        uint4 a = ld_v4(tok + 4u * e0, zc), b = ld_v4(tok + 4u * e0 + 16u, zc);
+        v[0] = __int_as_float((int)a.x);
+        v[1] = __int_as_float((int)a.y);
+        v[2] = __int_as_float((int)a.z);
+        v[3] = __int_as_float((int)a.w);
+        v[4] = __int_as_float((int)b.x);
+        v[5] = __int_as_float((int)b.y);
+        v[6] = __int_as_float((int)b.z);
+        v[7] = __int_as_float((int)b.w);
+    }
+};
+
 /* ------------------------------------------------------------------------------------------ */
 /* store: 8 elements at out_row + e0, optional accumulate, vector or scalar                    */
 /* ------------------------------------------------------------------------------------------ */
@@ -569,6 +587,7 @@ template <int DT> static __device__ void body_for(const DequantParams &p, u64 ex
     case FMT_NVFP4: dequant_body<FMT_NVFP4, DT>(p, expected, n); break;
     case FMT_FP8: dequant_body<FMT_FP8, DT>(p, expected, n); break;
     case FMT_BF16: dequant_body<FMT_BF16, DT>(p, expected, n); break;
+    case FMT_F32: dequant_body<FMT_F32, DT>(p, expected, n); break;
     default: break; /* validated on the host */
     }
 }

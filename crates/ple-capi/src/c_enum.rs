@@ -109,7 +109,12 @@ mod tests {
         use ple_core::ErrorKind as K;
         check_enum!(
             ple_format_code,
-            [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16]
+            [
+                RowFormat::Nvfp4,
+                RowFormat::Fp8,
+                RowFormat::Bf16,
+                RowFormat::F32
+            ]
         );
         check_enum!(ple_dtype_code, [Dtype::F32, Dtype::F16, Dtype::Bf16]);
         use PrefetchPolicy as P;

@@ -87,6 +87,9 @@ c_enum! {
         PLE_FORMAT_FP8 = 2 => (RowFormat::Fp8),
         /// Row format `bf16`: 160 little-endian bf16 per row.
         PLE_FORMAT_BF16 = 3 => (RowFormat::Bf16),
+        /// Row format `f32`: 160 little-endian IEEE f32 per row (an unquantised table). New in
+        /// 0.2.
+        PLE_FORMAT_F32 = 4 => (RowFormat::F32),
     }
 }
 
@@ -361,9 +364,9 @@ pub struct ple_batch {
 pub struct ple_table_info {
     /// Set by the caller to `sizeof(ple_info)`.
     pub struct_size: usize,
-    /// `PLE_FORMAT_NVFP4`, `_FP8` or `_BF16`.
+    /// `PLE_FORMAT_NVFP4`, `_FP8`, `_BF16` or `_F32`.
     pub format: ple_format,
-    /// Bytes per row (90, 160 or 320).
+    /// Bytes per row (90, 160, 320 or 640).
     pub row_bytes: u32,
     /// Rows in the row file (padded).
     pub total_rows: u64,
@@ -379,7 +382,7 @@ pub struct ple_table_info {
     pub vocab_size: u32,
     /// EOS / BOS token id.
     pub eos_token_id: i32,
-    /// The global dequantisation scale (1.0 for bf16).
+    /// The global dequantisation scale (1.0 for bf16 and f32).
     pub global_scale: f32,
     /// Bytes of the row file.
     pub file_size: u64,

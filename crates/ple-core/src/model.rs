@@ -379,6 +379,8 @@ pub enum RowFormat {
     Nvfp4,
     Fp8,
     Bf16,
+    /// Unquantised rows: little-endian IEEE f32 (tables that were never quantised).
+    F32,
 }
 
 impl RowFormat {
@@ -392,6 +394,7 @@ impl RowFormat {
             RowFormat::Nvfp4 => head_dim / 2,
             RowFormat::Fp8 => head_dim,
             RowFormat::Bf16 => head_dim * 2,
+            RowFormat::F32 => head_dim * 4,
         }
     }
     /// Bytes of block scales in one row (NVFP4: one E4M3 per 16 elements).
@@ -407,6 +410,7 @@ impl RowFormat {
             RowFormat::Nvfp4 => "nvfp4",
             RowFormat::Fp8 => "fp8",
             RowFormat::Bf16 => "bf16",
+            RowFormat::F32 => "f32",
         }
     }
     /// Parses a name.
@@ -415,8 +419,9 @@ impl RowFormat {
             "nvfp4" => Ok(RowFormat::Nvfp4),
             "fp8" | "f8_e4m3" => Ok(RowFormat::Fp8),
             "bf16" => Ok(RowFormat::Bf16),
+            "f32" => Ok(RowFormat::F32),
             _ => Err(Error::Format(format!(
-                "unknown row format '{s}' (expected nvfp4, fp8 or bf16)"
+                "unknown row format '{s}' (expected nvfp4, fp8, bf16 or f32)"
             ))),
         }
     }
@@ -426,6 +431,7 @@ impl RowFormat {
             RowFormat::Nvfp4 => 1,
             RowFormat::Fp8 => 2,
             RowFormat::Bf16 => 3,
+            RowFormat::F32 => 4,
         }
     }
 }
@@ -457,5 +463,8 @@ mod tests {
         assert_eq!(RowFormat::Nvfp4.row_bytes(HEAD_DIM), 90);
         assert_eq!(RowFormat::Fp8.row_bytes(HEAD_DIM), 160);
         assert_eq!(RowFormat::Bf16.row_bytes(HEAD_DIM), 320);
+        assert_eq!(RowFormat::F32.row_bytes(HEAD_DIM), 640);
+        assert_eq!(RowFormat::parse("f32").unwrap(), RowFormat::F32);
+        assert_eq!(RowFormat::F32.name(), "f32");
     }
 }

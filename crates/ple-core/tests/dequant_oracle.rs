@@ -1,7 +1,9 @@
 //! CPU dequantisation checked bit for bit against an independent oracle
 //! (`tests/oracle/dequant_oracle.py`: numpy + ml_dtypes), for every row format × output dtype, with
 //! and without accumulate. Rows cover every byte value (E4M3 NaN codes 0x7F/0xFF, subnormals, all
-//! E2M1 nibbles) and, for BF16, every 16-bit pattern.
+//! E2M1 nibbles), for BF16 every 16-bit pattern and, for F32, the f16/bf16 rounding edges
+//! (ties, overflow to inf, subnormals, NaN payloads) then random bit patterns and random values
+//! across f16's range.
 //!
 //! Needs `python3` with `numpy` and `ml_dtypes`. Where they are missing the test is skipped with a
 //! loud message — unless `CI=true`, where it fails.
@@ -38,7 +40,7 @@ fn oracle_available() -> bool {
 }
 
 /// Rows for `tokens` tokens: the first bytes (or, for BF16, 16-bit words) enumerate every value,
-/// the rest are random.
+/// the rest are random (F32: edge values first, then random patterns and values).
 fn rows(format: RowFormat, tokens: usize, seed: u64) -> Vec<u8> {
     let rb = format.row_bytes(160);
     let mut v = vec![0u8; tokens * 16 * rb];
@@ -50,6 +52,42 @@ fn rows(format: RowFormat, tokens: usize, seed: u64) -> Vec<u8> {
         RowFormat::Bf16 => {
             for (i, w) in v.chunks_exact_mut(2).take(65536).enumerate() {
                 w.copy_from_slice(&(i as u16).to_le_bytes());
+            }
+        }
+        RowFormat::F32 => {
+            const EDGES: [u32; 22] = [
+                0x0000_0000, // +0
+                0x8000_0000, // -0
+                0x7F80_0000, // +inf
+                0xFF80_0000, // -inf
+                0x7FC0_0000, // canonical NaN
+                0xFF80_0001, // negative signalling NaN, payload 1
+                0x7FBF_FFFF, // positive signalling NaN, full payload
+                0x0000_0001, // smallest f32 subnormal
+                0x807F_FFFF, // largest negative f32 subnormal
+                0x477F_E000, // 65504: largest f16
+                0x477F_EFFF, // just below the f16 overflow tie
+                0x477F_F000, // 65520: the tie, rounds to inf in f16
+                0x3380_0000, // 2^-24: smallest f16 subnormal
+                0x3300_0000, // 2^-25: the tie between 0 and it, rounds to 0 (even)
+                0x3300_0001, // just above the tie: rounds to 2^-24
+                0x3F80_8000, // bf16 tie, rounds to even 1.0
+                0x3F81_8000, // bf16 tie, rounds to even up
+                0x3F80_1000, // f16 tie (1 + 2^-11), rounds to even 1.0
+                0x3F80_3000, // f16 tie, rounds to even up
+                0x7F7F_FFFF, // largest f32: inf in f16, inf in bf16
+                0x7F7F_7FFF, // below bf16's overflow tie: largest bf16
+                0x3880_0000, // 2^-14: smallest normal f16
+            ];
+            for (i, w) in v.chunks_exact_mut(4).enumerate() {
+                let r = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                let x = match i {
+                    _ if i < EDGES.len() => EDGES[i],
+                    // odd words: random sign and mantissa, exponent 96..=159 (2^-31 .. 2^32)
+                    _ if i % 2 == 1 => (r & 0x807F_FFFF) | ((96 + ((r >> 23) & 63)) << 23),
+                    _ => r, // any pattern: NaNs, infinities, subnormals, huge and tiny values
+                };
+                w.copy_from_slice(&x.to_le_bytes());
             }
         }
         RowFormat::Fp8 => {
@@ -196,14 +234,23 @@ fn dequant_matches_ml_dtypes_bit_for_bit() {
         .build()
         .unwrap();
     let mut case = 0;
-    for format in [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16] {
+    for format in [
+        RowFormat::Nvfp4,
+        RowFormat::Fp8,
+        RowFormat::Bf16,
+        RowFormat::F32,
+    ] {
         // global scales: the generated tables' ones, a non-power-of-two, one that overflows f16
         // and bf16 ranges' ends, one that underflows into subnormals
         let scales: &[f32] = match format {
-            RowFormat::Bf16 => &[1.0],
+            RowFormat::Bf16 | RowFormat::F32 => &[1.0],
             _ => &[0.015625, 0.012_345_679, 3.0e4, 1.0e-7],
         };
-        let tokens = if format == RowFormat::Bf16 { 70 } else { 80 };
+        let tokens = match format {
+            RowFormat::Bf16 => 70,
+            RowFormat::F32 => 40,
+            _ => 80,
+        };
         for &scale in scales {
             let r = rows(format, tokens, case as u64 + 17);
             for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {

@@ -42,16 +42,16 @@ class TableInfo(_FieldMapping[Union[int, float, str]]):
 
     Attributes
     ----------
-    format : {"nvfp4", "fp8", "bf16"}
+    format : {"nvfp4", "fp8", "bf16", "f32"}
         The row format.
     row_bytes : int
-        Bytes per row (90, 160 or 320).
+        Bytes per row (90, 160, 320 or 640).
     total_rows, addressed_rows : int
         Rows in the file (padded); rows the hash can address (the sum of the head sizes).
     num_heads, head_dim, ngram_size, vocab_size, eos_token_id : int
         The model's shape (16 heads of 160 elements, n-gram order 3) and its EOS / BOS id.
     global_scale : float
-        The global dequantisation scale (1.0 for bf16).
+        The global dequantisation scale (1.0 for bf16 and f32).
     file_size : int
         Bytes of the row file.
     device_wait_supported : bool

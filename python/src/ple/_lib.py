@@ -38,7 +38,7 @@ PLE_CACHE_AUTO = 2**64 - 1
 
 DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
 FUSE_ACCUMULATE = 1
-FORMATS = {1: "nvfp4", 2: "fp8", 3: "bf16"}
+FORMATS = {1: "nvfp4", 2: "fp8", 3: "bf16", 4: "f32"}
 PREFETCH = {"auto": 0, "always": 1, "never": 2}
 RING_FULL = {"wait": 0, "error": 1}
 WAIT_MODE = {"auto": 0, "host": 1, "stream_op": 2, "spin_kernel": 3}

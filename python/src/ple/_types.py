@@ -18,7 +18,7 @@ WaitMode = Literal["auto", "host", "stream_op", "spin_kernel"]
 IoMode = Literal["auto", "mmap", "direct"]
 OpenIoMode = Literal["mmap", "direct"]  # what `auto` resolved to
 IoBackend = Literal["mmap", "io_uring", "pread_pool"]
-TableFormat = Literal["nvfp4", "fp8", "bf16"]
+TableFormat = Literal["nvfp4", "fp8", "bf16", "f32"]
 LogLevel = Literal["error", "warn", "info", "debug", "trace"]
 
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 pub struct SynthCheckpointArgs {
     pub dir: PathBuf,
-    /// nvfp4, fp8 or bf16.
+    /// nvfp4, fp8, bf16 or f32.
     #[arg(long, default_value = "nvfp4")]
     pub format: String,
     /// ngram_vocab_size_base (the table has about 16 × base rows).

@@ -189,6 +189,11 @@ impl Dequantizer {
                     *o = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
                 }
             }
+            RowFormat::F32 => {
+                for (o, b) in out.iter_mut().zip(row[..HEAD_DIM * 4].chunks_exact(4)) {
+                    *o = f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                }
+            }
         }
     }
 
@@ -415,7 +420,7 @@ pub fn dequant_rows_heads(
         let src = &rows[t * tok_bytes..(t + 1) * tok_bytes];
         match o {
             // f32 without accumulate: straight into the output, then every NaN made canonical
-            // (a bf16 row's NaN keeps its sign and payload through the widening)
+            // (a bf16 or f32 row's NaN keeps its sign and payload through the widening)
             OutRow::F32(o) if !accumulate => {
                 d.token_f32_heads(src, heads, o.try_into().expect("2560 elements"));
                 for x in o.iter_mut() {
@@ -630,7 +635,18 @@ mod tests {
         let mut f8 = vec![0u8; 16 * 160];
         f8[0] = 0x7F;
         f8[1] = 0xFF;
-        for (format, rows, nans) in [(RowFormat::Bf16, &bf, 4), (RowFormat::Fp8, &f8, 2)] {
+        let mut fl = vec![0u8; 16 * 640];
+        for (i, bits) in [0xFF80_0001u32, 0x7F80_0001, 0xFFC0_0000, 0x7FFF_FFFF]
+            .iter()
+            .enumerate()
+        {
+            fl[4 * i..4 * i + 4].copy_from_slice(&bits.to_le_bytes());
+        }
+        for (format, rows, nans) in [
+            (RowFormat::Bf16, &bf, 4),
+            (RowFormat::Fp8, &f8, 2),
+            (RowFormat::F32, &fl, 4),
+        ] {
             for accumulate in [false, true] {
                 let mut o32 = vec![0f32; 2560];
                 let mut o16 = vec![f16::ZERO; 2560];
@@ -645,6 +661,39 @@ mod tests {
                     assert_eq!(ob[e].to_bits(), 0x7FC0, "bf16 {what}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn f32_rows_are_stored_exactly_in_f32() {
+        // every finite f32 pattern class: normals, subnormals, signed zeros, infinities
+        let vals: Vec<u32> = (0..2560u32)
+            .map(|i| crate::model::splitmix64(i as u64) as u32)
+            .map(|b| {
+                if b & 0x7FFF_FFFF > 0x7F80_0000 {
+                    b & 0xFF80_0000
+                } else {
+                    b
+                }
+            })
+            .collect();
+        let rows: Vec<u8> = vals.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let d = Dequantizer::new(RowFormat::F32, 1.0);
+        assert_eq!(d.row_bytes(), 640);
+        let mut out = vec![7f32; 2560];
+        dequant_rows(
+            RowFormat::F32,
+            1.0,
+            &rows,
+            1,
+            Out::F32(&mut out),
+            2560,
+            false,
+            None,
+        )
+        .unwrap();
+        for (e, (o, v)) in out.iter().zip(&vals).enumerate() {
+            assert_eq!(o.to_bits(), *v, "element {e}");
         }
     }
 

@@ -27,7 +27,7 @@ pub const SHARD0_SUFFIX: &str = ".ngram_embedding.shard_0.weight";
 /// The source tensors of one shard of the PLE table.
 #[derive(Clone, Debug)]
 pub struct ShardSource {
-    /// `prefix.shard_{i}.weight`: NVFP4 codes (U8), FP8 bytes or BF16 values.
+    /// `prefix.shard_{i}.weight`: NVFP4 codes (U8), FP8 bytes, BF16 or F32 values.
     pub weight: TensorRef,
     /// NVFP4 only: `prefix.shard_{i}.weight_scale` (F8_E4M3 block scales).
     pub scales: Option<TensorRef>,
@@ -317,8 +317,9 @@ fn row_format_of(w0: &TensorRef, d: &str) -> Result<RowFormat> {
         "U8" => Ok(RowFormat::Nvfp4),
         "F8_E4M3" => Ok(RowFormat::Fp8),
         "BF16" => Ok(RowFormat::Bf16),
+        "F32" => Ok(RowFormat::F32),
         other => Err(Error::Format(format!(
-            "{d}: {}: dtype {other} is not a PLE storage dtype (expected U8 for NVFP4, F8_E4M3 for FP8 or BF16)",
+            "{d}: {}: dtype {other} is not a PLE storage dtype (expected U8 for NVFP4, F8_E4M3 for FP8, BF16 or F32)",
             w0.describe()
         ))),
     }
@@ -373,7 +374,7 @@ fn shard_sources(
     let hd = shape.head_dim as u64;
     let cols = match format {
         RowFormat::Nvfp4 => hd / 2,
-        RowFormat::Fp8 | RowFormat::Bf16 => hd,
+        RowFormat::Fp8 | RowFormat::Bf16 | RowFormat::F32 => hd,
     };
     let (rps, padded) = (shape.rows_per_shard, shape.padded);
     let dtype = shard_tensors[&(0, "weight".to_string())].info.dtype.clone();
@@ -402,7 +403,7 @@ fn shard_sources(
     let allowed: &[&str] = match format {
         RowFormat::Nvfp4 => &["weight", "weight_scale", "weight_scale_2", "input_scale"],
         RowFormat::Fp8 => &["weight", "weight_scale", "input_scale"],
-        RowFormat::Bf16 => &["weight"],
+        RowFormat::Bf16 | RowFormat::F32 => &["weight"],
     };
     for ((_, s), t) in shard_tensors {
         if !allowed.contains(&s.as_str()) {
@@ -416,7 +417,7 @@ fn shard_sources(
     Ok(shards)
 }
 
-/// The global scale (`weight_scale_2` for NVFP4, `weight_scale` for FP8, 1.0 for BF16): every
+/// The global scale (`weight_scale_2` for NVFP4, `weight_scale` for FP8, 1.0 for BF16 and F32): every
 /// copy found, the module's and each shard's, must agree.
 fn global_scale(
     tensors: &Tensors,
@@ -426,7 +427,7 @@ fn global_scale(
     d: &str,
 ) -> Result<f32> {
     let key = match format {
-        RowFormat::Bf16 => return Ok(1.0),
+        RowFormat::Bf16 | RowFormat::F32 => return Ok(1.0),
         RowFormat::Nvfp4 => "weight_scale_2",
         RowFormat::Fp8 => "weight_scale",
     };

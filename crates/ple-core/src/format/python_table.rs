@@ -61,6 +61,7 @@ fn python_format_hint(s: &str) -> Option<RowFormat> {
         "u8" | "uint8" | "nvfp4" => Some(RowFormat::Nvfp4),
         "f8_e4m3" | "fp8" | "fp8_e4m3" | "float8_e4m3fn" | "e4m3" => Some(RowFormat::Fp8),
         "bf16" | "bfloat16" => Some(RowFormat::Bf16),
+        "f32" | "float32" => Some(RowFormat::F32),
         _ => None,
     }
 }
@@ -149,8 +150,13 @@ impl PythonTableJson {
         };
         let format = match self.format_hint {
             Some(f) => f,
-            None => [RowFormat::Nvfp4, RowFormat::Fp8, RowFormat::Bf16]
-                .into_iter()
+            None => [
+                RowFormat::Nvfp4,
+                RowFormat::Fp8,
+                RowFormat::Bf16,
+                RowFormat::F32,
+            ]
+            .into_iter()
                 .find(|&f| widths(f) == (cw, sw))
                 .ok_or_else(|| {
                     Error::Format(format!(
@@ -318,7 +324,7 @@ fn from_checkpoint(
 ///    the checkpoint's directory name and its shape (format, rows_per_shard, num_shards) must
 ///    match, else the table is refused as packed from another checkpoint.
 /// 3. Without one: hash parameters derived from config.json (missing → Format error); the global
-///    scale from a `global_scale` number in the table's JSON (1.0 for bf16), else a Format error
+///    scale from a `global_scale` number in the table's JSON (1.0 for bf16 and f32), else a Format error
 ///    asking for the checkpoint. The source fingerprint is then empty (unknown).
 ///
 /// A `global_scale` in the JSON and the checkpoint's must agree.
@@ -338,7 +344,7 @@ pub fn python_table_meta(
         None => {
             let scale = match (py.global_scale, format) {
                 (Some(s), _) => s,
-                (None, RowFormat::Bf16) => 1.0,
+                (None, RowFormat::Bf16 | RowFormat::F32) => 1.0,
                 (None, f) => {
                     return Err(Error::Format(format!(
                         "{}: a {} Python-tool table does not store its global scale: use the config.json inside the checkpoint directory (the scale is then read from the safetensors), pass checkpoint_dir, or add \"global_scale\": <value> to {}",

@@ -48,7 +48,7 @@ pub struct TableMeta {
     pub num_heads: u32,
     pub ngram_size: u32,
     pub heads_per_ngram: u32,
-    /// The global dequantisation scale (NVFP4 `weight_scale_2`, FP8 `weight_scale`; 1.0 for BF16).
+    /// The global dequantisation scale (NVFP4 `weight_scale_2`, FP8 `weight_scale`; 1.0 for BF16 and F32).
     pub global_scale: f32,
     pub hash: HashParams,
     pub source: SourceInfo,
@@ -278,10 +278,11 @@ impl TableMeta {
                 self.global_scale
             ));
         }
-        if self.row_format == RowFormat::Bf16 && self.global_scale != 1.0 {
+        if matches!(self.row_format, RowFormat::Bf16 | RowFormat::F32) && self.global_scale != 1.0 {
             return bad(format!(
-                "global_scale is {} for a bf16 table (must be 1.0)",
-                self.global_scale
+                "global_scale is {} for a {} table (must be 1.0)",
+                self.global_scale,
+                self.row_format.name()
             ));
         }
         if self.checked_file_bytes().is_none_or(|b| b > MAX_FILE_BYTES) {
@@ -457,7 +458,7 @@ pub struct TableInfo {
     pub vocab_size: u32,
     /// EOS / BOS token id.
     pub eos_token_id: i32,
-    /// The global dequantisation scale (1.0 for bf16).
+    /// The global dequantisation scale (1.0 for bf16 and f32).
     pub global_scale: f32,
     /// Size of the row file in bytes.
     pub file_size: u64,

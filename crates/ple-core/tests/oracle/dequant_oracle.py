@@ -4,7 +4,7 @@
 Usage: dequant_oracle.py CASES_DIR
 
 Each subdirectory of CASES_DIR is one case written by tests/dequant_oracle.rs:
-  meta.json  {"format": "nvfp4"|"fp8"|"bf16", "global_scale": float, "dtype": "f32"|"f16"|"bf16",
+  meta.json  {"format": "nvfp4"|"fp8"|"bf16"|"f32", "global_scale": float, "dtype": "f32"|"f16"|"bf16",
               "accumulate": bool, "tokens": int, "stride": int}
   rows.bin   the packed rows, [tokens][16][row_bytes] uint8
   init.bin   the output buffer before the call ((tokens-1)*stride + 2560 elements of dtype)
@@ -12,7 +12,7 @@ Each subdirectory of CASES_DIR is one case written by tests/dequant_oracle.rs:
 
 The values are recomputed with ml_dtypes (float4_e2m1fn, float8_e4m3fn, bfloat16) and numpy:
 value = e2m1 x e4m3 block scale (fp32, exact), x global scale (one fp32 multiply), then one
-round-to-nearest-even to the output dtype; with accumulate: dtype(fp32(init) + value). Elements
+round-to-nearest-even to the output dtype (bf16 and f32 rows: the value as stored, no multiply); with accumulate: dtype(fp32(init) + value). Elements
 between rows (stride > 2560) must be untouched. Every element must match bit for bit; where the
 oracle gives NaN, the library must write the canonical positive quiet NaN (f32 0x7FC00000, f16
 0x7E00, bf16 0x7FC0), as the GPU kernel does.
@@ -33,7 +33,7 @@ except ImportError as e:  # the Rust test checks this first and decides skip vs 
 HEAD_DIM = 160
 HEADS = 16
 DIM = HEAD_DIM * HEADS
-ROW_BYTES = {"nvfp4": 90, "fp8": 160, "bf16": 320}
+ROW_BYTES = {"nvfp4": 90, "fp8": 160, "bf16": 320, "f32": 640}
 DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 UINT = {"f32": np.uint32, "f16": np.uint16, "bf16": np.uint16}
 
@@ -55,6 +55,8 @@ def values(fmt, rows, scale):
         return np.ascontiguousarray(rows).view(ml_dtypes.float8_e4m3fn).astype(np.float32) * g
     if fmt == "bf16":
         return np.ascontiguousarray(rows).view("<u2").view(ml_dtypes.bfloat16).astype(np.float32)
+    if fmt == "f32":
+        return np.ascontiguousarray(rows).view("<f4").astype(np.float32)
     raise ValueError(fmt)
 
 

@@ -46,7 +46,7 @@ fn e4m3(b: u8) -> f32 {
 }
 
 /// Decodes one row to f32 by the plain rule: NVFP4 e2m1 × e4m3 block scale × global scale,
-/// FP8 e4m3 × global scale, BF16 as is.
+/// FP8 e4m3 × global scale, BF16 and F32 as is.
 pub(super) fn decode_row(format: RowFormat, global: f32, row: &[u8]) -> Vec<f32> {
     const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
     (0..160)
@@ -60,6 +60,9 @@ pub(super) fn decode_row(format: RowFormat, global: f32, row: &[u8]) -> Vec<f32>
             RowFormat::Fp8 => e4m3(row[j]) * global,
             RowFormat::Bf16 => {
                 f32::from_bits((u16::from_le_bytes([row[2 * j], row[2 * j + 1]]) as u32) << 16)
+            }
+            RowFormat::F32 => {
+                f32::from_le_bytes(row[4 * j..4 * j + 4].try_into().expect("4 bytes"))
             }
         })
         .collect()

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[derive(Args, Debug)]
 pub struct SynthTableArgs {
     pub dir: PathBuf,
-    /// nvfp4, fp8 or bf16.
+    /// nvfp4, fp8, bf16 or f32.
     #[arg(long, default_value = "nvfp4")]
     pub format: String,
     /// ngram_vocab_size_base: rows ≈ 16 × base.

@@ -289,6 +289,8 @@ mod tests {
         assert_eq!(token_bytes(RowFormat::Nvfp4, 16), 1440);
         assert_eq!(token_bytes(RowFormat::Fp8, 16), 2560);
         assert_eq!(token_bytes(RowFormat::Bf16, 16), 5120);
+        assert_eq!(token_bytes(RowFormat::F32, 16), 10240);
+        assert_eq!(token_bytes(RowFormat::F32, 3), 1920);
         assert_eq!(token_bytes(RowFormat::Nvfp4, 5), 450);
     }
 
@@ -374,6 +376,7 @@ mod tests {
             ("FMT_NVFP4", RowFormat::Nvfp4.kernel_code() as u64),
             ("FMT_FP8", RowFormat::Fp8.kernel_code() as u64),
             ("FMT_BF16", RowFormat::Bf16.kernel_code() as u64),
+            ("FMT_F32", RowFormat::F32.kernel_code() as u64),
             ("DT_F32", kernel_dtype(Dtype::F32) as u64),
             ("DT_F16", kernel_dtype(Dtype::F16) as u64),
             ("DT_BF16", kernel_dtype(Dtype::Bf16) as u64),

@@ -27,6 +27,7 @@
 //!   low nibble of byte j/2 when j is even, the high nibble when odd; the first product is exact.
 //! - fp8: `v = mul_rn(e4m3(byte j), global_scale)`.
 //! - bf16: `v = bf16 j widened exactly`; no multiply (the global scale of a bf16 table is 1.0).
+//! - f32: `v = f32 j` (bytes `4j..4j+3`, little-endian) as is; no multiply (global scale 1.0).
 //! - e4m3 is "fn": bias 7, no infinities, 0x7F/0xFF NaN, exponent 0 subnormal `m · 2^-9`.
 //! - `PLE_FUSE_ACCUMULATE`: `v = add_rn(old, v)` with `old` the existing output element widened
 //!   exactly to fp32; one add, never fused with the multiply (no FMA).
