@@ -74,7 +74,7 @@ def main():
             rows = bytes.fromhex(f[5])
             init = bytes.fromhex(f[6])
             got = bytes.fromhex(f[7])
-            rb = {1: 90, 2: 160, 3: 320}[fmt]
+            rb = {1: 90, 2: 160, 3: 320, 4: 640}[fmt]
             es = 4 if dt == 0 else 2
             if dt == 0:
                 old = np.frombuffer(init, dtype=np.float32)
@@ -91,6 +91,8 @@ def main():
                         v = F32(F32(e2[code] * e4[row[80 + j // 16]]) * gs)
                     elif fmt == 2:
                         v = F32(e4[row[j]] * gs)
+                    elif fmt == 4:
+                        v = np.frombuffer(row[4 * j:4 * j + 4], dtype="<f4").astype(np.float32)[0]
                     else:
                         v = np.frombuffer(row[2 * j:2 * j + 2], dtype=ml_dtypes.bfloat16).astype(np.float32)[0]
                     if acc:

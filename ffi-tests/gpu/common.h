@@ -128,6 +128,7 @@ static inline int row_bytes_of(const char *fmt) {
     if (!strcmp(fmt, "nvfp4")) return 90;
     if (!strcmp(fmt, "fp8")) return 160;
     if (!strcmp(fmt, "bf16")) return 320;
+    if (!strcmp(fmt, "f32")) return 640;
     return 0;
 }
 
@@ -150,7 +151,7 @@ static inline int write_table(const char *dir, const char *fmt, uint64_t head_ba
                        float global_scale, table_desc *out) {
     int rb = row_bytes_of(fmt);
     if (!rb) return -1;
-    if (!strcmp(fmt, "bf16")) global_scale = 1.0f;
+    if (!strcmp(fmt, "bf16") || !strcmp(fmt, "f32")) global_scale = 1.0f;
     /* multipliers: the model's hash rule */
     uint64_t half = (((uint64_t)INT64_MAX) / VOCAB) / 2;
     if (half < 1) half = 1;
@@ -198,6 +199,14 @@ static inline int write_table(const char *dir, const char *fmt, uint64_t head_ba
     while (left) {
         size_t n = left < sizeof buf ? (size_t)left : sizeof buf;
         rng_fill(&r, buf, n);
+        if (rb == 640) /* f32: every other value's exponent in 96..159 (2^-31 .. 2^32): values that
+                          round, underflow and overflow in f16; the rest any pattern (NaN, inf) */
+            for (size_t k = 4; k + 4 <= n; k += 8) {
+                uint32_t x;
+                memcpy(&x, buf + k, 4);
+                x = (x & 0x807FFFFFu) | ((96u + ((x >> 23) & 63u)) << 23);
+                memcpy(buf + k, &x, 4);
+            }
         if (fwrite(buf, 1, n, f) != n) {
             perror(path);
             fclose(f);
@@ -320,7 +329,10 @@ static inline int dtype_size(int dtype) { return dtype == PLE_DTYPE_F32 ? 4 : 2;
  */
 static inline void ref_dequant(int format, float gs, const uint8_t *rows, uint32_t n, void *out,
                         int dtype, size_t stride, int accumulate) {
-    int rb = format == PLE_FORMAT_NVFP4 ? 90 : format == PLE_FORMAT_FP8 ? 160 : 320;
+    int rb = format == PLE_FORMAT_NVFP4 ? 90
+             : format == PLE_FORMAT_FP8 ? 160
+             : format == PLE_FORMAT_F32 ? 640
+                                        : 320;
     for (uint32_t t = 0; t < n; t++) {
         for (int e = 0; e < EMBED; e++) {
             const uint8_t *row = rows + ((size_t)t * HEADS + (size_t)(e / 160)) * rb;
@@ -333,6 +345,9 @@ static inline void ref_dequant(int format, float gs, const uint8_t *rows, uint32
                 v = p * gs;
             } else if (format == PLE_FORMAT_FP8) {
                 v = ref_e4m3(row[j]) * gs;
+            } else if (format == PLE_FORMAT_F32) {
+                v = bits_f32((uint32_t)row[4 * j] | ((uint32_t)row[4 * j + 1] << 8) |
+                             ((uint32_t)row[4 * j + 2] << 16) | ((uint32_t)row[4 * j + 3] << 24));
             } else {
                 v = ref_bf16_to_f32((uint16_t)(row[2 * j] | (row[2 * j + 1] << 8)));
             }

@@ -87,13 +87,13 @@ static void fuse_vs_cpu(ple_handle *h, const table_t *t, rng_t *r, uint32_t n, i
     fuse_vs_cpu_at(h, t, r, n, dtype, stride, acc, 0, what);
 }
 
-static void test_m(table_t tabs[3]) {
+static void test_m(table_t tabs[4]) {
     int p0 = g_pass, f0 = g_fail;
     rng_t r = {31};
     const size_t strides[3] = {2560, 2560 + 64, 2563};
     const uint32_t counts[3] = {1, 37, STEP_MAX};
     int combos = 0;
-    for (int ti = 0; ti < 3; ti++) {
+    for (int ti = 0; ti < 4; ti++) {
         ple_handle *h = NULL;
         if (PLE_OK_OR_FAIL(open_emu(tabs[ti].dir, PLE_WAIT_AUTO, 0, 4, &h)) != PLE_OK) continue;
         for (int dtype = 0; dtype < 3; dtype++)
@@ -820,10 +820,11 @@ int main(int argc, char **argv) {
     }
     fprintf(g_json, "{\n  \"device\": \"%s\",\n  \"stream_mem_ops\": %d,\n  \"sections\": {", name,
             g_stream_ops);
-    table_t tabs[3];
+    table_t tabs[4];
     open_table(&tabs[0], argv[1], "nvfp4", 41);
     open_table(&tabs[1], argv[1], "fp8", 42);
     open_table(&tabs[2], argv[1], "bf16", 43);
+    open_table(&tabs[3], argv[1], "f32", 44);
     test_m(tabs);
     test_w(&tabs[0]);
     test_f(&tabs[0]);

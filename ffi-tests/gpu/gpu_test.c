@@ -26,11 +26,11 @@
 
 static uint64_t g_seq = 0;
 
-static void test_a(table_t tabs[3]) {
+static void test_a(table_t tabs[4]) {
     int p0 = g_pass, f0 = g_fail;
     rng_t r = {1001};
     const size_t strides[3] = {2560, 2560 + 64, 2563};
-    for (int ti = 0; ti < 3; ti++) {
+    for (int ti = 0; ti < 4; ti++) {
         table_t *t = &tabs[ti];
         ple_handle *h = NULL;
         if (PLE_OK_OR_FAIL(open_gpu(t->dir, PLE_WAIT_SPIN_KERNEL, 0, 4, &h)) != PLE_OK) continue;
@@ -125,7 +125,7 @@ static void test_a(table_t tabs[3]) {
         }
         ple_close(h);
     }
-    section_result("a_kernel_vs_cpu", f0, p0, "3 formats x 3 dtypes x accumulate x 3 strides");
+    section_result("a_kernel_vs_cpu", f0, p0, "4 formats x 3 dtypes x accumulate x 3 strides");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -372,11 +372,11 @@ static ple_status open_shard(const char *dir, uint32_t count, uint32_t index, pl
     return ple_open(dir, &o, h);
 }
 
-static void test_f(table_t tabs[3]) {
+static void test_f(table_t tabs[4]) {
     int p0 = g_pass, f0 = g_fail;
     rng_t r = {4242};
     const uint32_t counts[3] = {3, 5, 16};
-    for (int ti = 0; ti < 3; ti++) {
+    for (int ti = 0; ti < 4; ti++) {
         table_t *t = &tabs[ti];
         ple_handle *whole = NULL;
         if (PLE_OK_OR_FAIL(open_shard(t->dir, 1, 0, &whole)) != PLE_OK) continue;
@@ -464,7 +464,7 @@ static void test_f(table_t tabs[3]) {
         PLE_OK_OR_FAIL(ple_check_device(whole));
         ple_close(whole);
     }
-    section_result("f_head_shards", f0, p0, "3 formats x shard counts 3, 5, 16 x 3 dtypes");
+    section_result("f_head_shards", f0, p0, "4 formats x shard counts 3, 5, 16 x 3 dtypes");
 }
 
 int main(int argc, char **argv) {
@@ -492,10 +492,11 @@ int main(int argc, char **argv) {
                     "  \"libple\": \"%s\",\n  \"sections\": {",
             name, drv, g_stream_ops, ple_version_string());
 
-    table_t tabs[3];
+    table_t tabs[4];
     open_table(&tabs[0], argv[1], "nvfp4", 11);
     open_table(&tabs[1], argv[1], "fp8", 12);
     open_table(&tabs[2], argv[1], "bf16", 13);
+    open_table(&tabs[3], argv[1], "f32", 14);
 
     test_a(tabs);
     test_d(&tabs[0]);

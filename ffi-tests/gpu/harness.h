@@ -32,8 +32,10 @@ static inline void open_table(table_t *t, const char *root, const char *fmt, uin
         fprintf(stderr, "FATAL: write_table %s\n", t->dir);
         exit(2);
     }
-    t->format = !strcmp(fmt, "nvfp4") ? PLE_FORMAT_NVFP4 : !strcmp(fmt, "fp8") ? PLE_FORMAT_FP8
-                                                                                : PLE_FORMAT_BF16;
+    t->format = !strcmp(fmt, "nvfp4") ? PLE_FORMAT_NVFP4
+                : !strcmp(fmt, "fp8")   ? PLE_FORMAT_FP8
+                : !strcmp(fmt, "f32")   ? PLE_FORMAT_F32
+                                        : PLE_FORMAT_BF16;
     t->row_bytes = td.row_bytes;
     t->gs = td.global_scale;
     char p[4200];

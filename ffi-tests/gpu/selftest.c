@@ -7,8 +7,11 @@
 #include "common.h"
 
 static void dump_token(int format, float gs, rng_t *r) {
-    int rb = format == PLE_FORMAT_NVFP4 ? 90 : format == PLE_FORMAT_FP8 ? 160 : 320;
-    uint8_t rows[16 * 320];
+    int rb = format == PLE_FORMAT_NVFP4 ? 90
+             : format == PLE_FORMAT_FP8 ? 160
+             : format == PLE_FORMAT_F32 ? 640
+                                        : 320;
+    uint8_t rows[16 * 640];
     rng_fill(r, rows, sizeof rows);
     for (int dtype = 0; dtype < 3; dtype++) {
         for (int acc = 0; acc < 2; acc++) {
@@ -35,8 +38,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     char d[4096];
-    const char *fmts[3] = {"nvfp4", "fp8", "bf16"};
-    for (int i = 0; i < 3; i++) {
+    const char *fmts[4] = {"nvfp4", "fp8", "bf16", "f32"};
+    for (int i = 0; i < 4; i++) {
         table_desc td;
         snprintf(d, sizeof d, "%s/%s", argv[1], fmts[i]);
         if (write_table(d, fmts[i], 2003, 42 + i, 0.0123f, &td) != 0) {
@@ -74,5 +77,6 @@ int main(int argc, char **argv) {
     dump_token(PLE_FORMAT_NVFP4, 0.0123f, &r);
     dump_token(PLE_FORMAT_FP8, 0.0123f, &r);
     dump_token(PLE_FORMAT_BF16, 1.0f, &r);
+    dump_token(PLE_FORMAT_F32, 1.0f, &r);
     return 0;
 }
