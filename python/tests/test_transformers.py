@@ -8,6 +8,7 @@ PLE_EXPECT_TORCH=1: there a missing package fails; elsewhere the file is skipped
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -279,3 +280,41 @@ def test_from_pretrained_on_a_packed_table_opens_it_without_packing(weight, tmp_
     pt.from_pretrained(ck, tab)
     assert "ple pack" in capfd.readouterr().err
     assert os.path.getsize(rows) == before.st_size
+
+
+@pytest.mark.parametrize("dtype, row_format", [(torch.float32, "f32"), (torch.bfloat16, "bf16")])
+def test_a_save_pretrained_checkpoint_packs_exactly_and_offload_gives_its_logits(tmp_path, dtype, row_format):
+    """A tiny random model (its own random n-gram weight: the real PLE shape, 16 heads x 160) saved
+    by save_pretrained in float32 or bfloat16, split over several files: transformers writes the
+    weight as split_ngram_parts row shards of that dtype (F32 or BF16, no quantisation). `ple pack`
+    keeps every value: the row file is the model's tensor bit for bit, row format f32 or bf16; and
+    the model offloaded onto that table generates the in-RAM model's logits exactly."""
+    def fresh():
+        torch.manual_seed(1)
+        m = Qwen4ExpForCausalLM(config()).eval()
+        with torch.no_grad():
+            m.model.layers[1].ple.conv1d.weight.normal_()  # zero at init would hide the context
+        return m.to(dtype)
+
+    model = fresh()
+    w = model.model.layers[1].ple.ple_embedding.ngram_embedding.weight.detach()
+    assert w.dtype == dtype and w.shape == (33024, 160) and w.std() > 0
+    ck, tab = str(tmp_path / "ckpt"), str(tmp_path / "table")
+    model.save_pretrained(ck, max_shard_size="20MB" if dtype == torch.float32 else "10MB")
+    files = [f for f in os.listdir(ck) if f.endswith(".safetensors")]
+    assert len(files) > 1 and os.path.exists(os.path.join(ck, "model.safetensors.index.json"))
+    subprocess.run([_ple_bin(), "pack", ck, tab], check=True, capture_output=True)
+    with open(os.path.join(tab, "table.json")) as f:
+        meta = json.load(f)
+    assert (meta["row_format"], meta["row_bytes"], meta["global_scale"]) == (row_format, 160 * w.element_size(), 1.0)
+    assert meta["total_rows"] == w.shape[0]
+    bits = {torch.float32: (np.uint32, torch.int32), torch.bfloat16: (np.uint16, torch.int16)}[dtype]
+    rows = np.fromfile(os.path.join(tab, "table.rows"), np.dtype(bits[0]).newbyteorder("<")).reshape(w.shape)
+    np.testing.assert_array_equal(rows, w.view(bits[1]).numpy().view(bits[0]))
+    reference = greedy(model)
+    off = pt.offload(fresh(), tab)
+    assert ngram_tensors(off) == []
+    assert_same_generation(reference, greedy(off))
+    # the n-gram module itself, too: the offloaded embedding is the in-RAM module's, exactly
+    a, b = model.model.layers[1].ple.ple_embedding, off.model.layers[1].ple.ple_embedding
+    assert torch.equal(a(PROMPTS, None).view(bits[1]), b(PROMPTS, None).view(bits[1]))

@@ -490,7 +490,8 @@ def from_pretrained(
     ``nn.Embedding`` is replaced before loading by a stand-in without parameters, and the
     checkpoint's ``ngram_embedding.shard_*`` tensors are ignored keys, so they are never read.
     The table is opened with ``checkpoint_dir`` set, so a table packed from another checkpoint
-    is refused.
+    is refused. ``save_pretrained`` of a float32 or bfloat16 model writes the weight as F32 or
+    BF16 row shards: they pack exactly, as row format ``f32`` or ``bf16``.
 
     Parameters
     ----------
