@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
     ple_counters st;
     memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
-    TRY(ple_stats(h, &st));
+    TRY(ple_stats_residency(h, &st)); /* with the table's page-cache residency (a mincore pass) */
     printf("prefill: %llu steps %llu tokens; decode: %llu steps %llu tokens; unique pages %llu; "
            "gather %.3f ms; resident %llu of %llu pages\n",
            (unsigned long long)st.prefill_steps, (unsigned long long)st.prefill_tokens,

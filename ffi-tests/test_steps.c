@@ -109,7 +109,14 @@ int main(void) {
     CHECK_STATUS(ple_stats(h, &st), PLE_OK);
     CHECK(st.prefill_tokens + st.decode_tokens == PREFILL + 5 * REQS);
     CHECK(st.prefill_rows + st.decode_rows == 16ull * (PREFILL + 5 * REQS));
-    CHECK(st.table_pages > 0 && st.resident_pages > 0);
+    /* ple_stats measures nothing (cheap every step); ple_stats_residency measures residency */
+    CHECK(st.table_pages > 0 && st.resident_pages == 0 && st.mem_available_bytes == 0);
+    ple_counters full;
+    memset(&full, 0, sizeof full);
+    full.struct_size = sizeof full;
+    CHECK_STATUS(ple_stats_residency(h, &full), PLE_OK);
+    CHECK(full.table_pages == st.table_pages && full.resident_pages > 0 && full.mem_available_bytes > 0);
+    CHECK(full.prefill_rows + full.decode_rows == st.prefill_rows + st.decode_rows);
     /* queueing is part of each step's submit-to-done time */
     CHECK(st.queue_ns <= st.prefill_step_ns + st.decode_step_ns);
 

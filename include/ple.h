@@ -434,11 +434,13 @@ typedef struct ple_counters {
   uint64_t timeouts;
   // Steps that failed.
   uint64_t failed_steps;
-  // Table pages resident in the page cache (mincore), measured when the counters are read.
+  // Table pages resident in the page cache (mincore), measured by `ple_stats_residency` (0 from
+  // `ple_stats`, which stays cheap enough to read every step).
   uint64_t resident_pages;
   // Pages of the table, counted when the counters are read.
   uint64_t table_pages;
-  // MemAvailable of /proc/meminfo in bytes, read when the counters are read.
+  // MemAvailable of /proc/meminfo in bytes, read by `ple_stats_residency` (0 from
+  // `ple_stats`).
   uint64_t mem_available_bytes;
   // Nanoseconds steps spent between submit and the worker starting them, summed: queueing
   // behind earlier steps and the worker's wake-up (part of the submit-to-done times).
@@ -661,14 +663,22 @@ void ple_close(struct ple_handle *handle);
 ple_status ple_table_info(const struct ple_handle *handle, struct ple_info *info);
 
 // Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
-// May run concurrently with any call. Residency and MemAvailable are measured at the call, which
-// therefore blocks for a time that grows with the table's size (tenths of a second for a few GiB:
-// docs/REFERENCE.md, "Limitations"): poll it now and then, not every step. The other counters
-// cost nothing to keep.
+// May run concurrently with any call. Cheap enough to read around every step (no system call
+// but a clock read): `resident_pages` and `mem_available_bytes` are 0 here (since 0.2; they are
+// measured by `ple_stats_residency`), `table_pages` is counted.
 //
 // # Safety
 // `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
 ple_status ple_stats(const struct ple_handle *handle, struct ple_counters *stats);
+
+// `ple_stats` with the table's page-cache residency (`resident_pages`: a `mincore` pass over the
+// row file's mapping) and `mem_available_bytes` (/proc/meminfo) measured at the call, which
+// therefore takes a time that grows with the table's size (tenths of a second for a few GiB:
+// docs/REFERENCE.md, "Limitations"): call it now and then, not every step. New in 0.2.
+//
+// # Safety
+// `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
+ple_status ple_stats_residency(const struct ple_handle *handle, struct ple_counters *stats);
 
 /* ==============================================================================================
  * Steps: submit, wait, host views, CPU dequant, row ids

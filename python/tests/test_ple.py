@@ -269,6 +269,11 @@ def test_stats_count_steps(table):
     assert (s["prefill_steps"], s["decode_steps"]) == (0, 2)  # spans of at most 8 tokens
     assert (s["decode_tokens"], s["decode_rows"]) == (10, 160)
     assert s["table_pages"] > 0 and s["failed_steps"] == 0
+    # residency is measured only when asked for (a mincore pass: not every step)
+    assert (s["resident_pages"], s["mem_available_bytes"]) == (0, 0)
+    r = table.stats(residency=True)
+    assert r["resident_pages"] > 0 and r["mem_available_bytes"] > 0
+    assert (r["table_pages"], r["decode_rows"]) == (s["table_pages"], s["decode_rows"])
 
 
 def test_dequant_fuse_argument_plumbing(table):

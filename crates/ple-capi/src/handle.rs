@@ -200,15 +200,34 @@ pub unsafe extern "C" fn ple_table_info(
 }
 
 /// Copies the handle's cumulative counters into `*stats` (set `stats->struct_size = sizeof(ple_counters)`).
-/// May run concurrently with any call. Residency and MemAvailable are measured at the call, which
-/// therefore blocks for a time that grows with the table's size (tenths of a second for a few GiB:
-/// docs/REFERENCE.md, "Limitations"): poll it now and then, not every step. The other counters
-/// cost nothing to keep.
+/// May run concurrently with any call. Cheap enough to read around every step (no system call
+/// but a clock read): `resident_pages` and `mem_available_bytes` are 0 here (since 0.2; they are
+/// measured by `ple_stats_residency`), `table_pages` is counted.
 ///
 /// # Safety
 /// `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_stats(handle: *const ple_handle, stats: *mut ple_stats) -> ple_status {
+    ffi_guard!({
+        let h = handle_ref(handle)?;
+        let s = crate::types::counters_to_c(&h.counters());
+        // SAFETY: `stats` meets this function's contract.
+        unsafe { write_versioned(&s, stats, "stats") }
+    })
+}
+
+/// `ple_stats` with the table's page-cache residency (`resident_pages`: a `mincore` pass over the
+/// row file's mapping) and `mem_available_bytes` (/proc/meminfo) measured at the call, which
+/// therefore takes a time that grows with the table's size (tenths of a second for a few GiB:
+/// docs/REFERENCE.md, "Limitations"): call it now and then, not every step. New in 0.2.
+///
+/// # Safety
+/// `stats` is NULL or points to a writable struct of `stats->struct_size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ple_stats_residency(
+    handle: *const ple_handle,
+    stats: *mut ple_stats,
+) -> ple_status {
     ffi_guard!({
         let h = handle_ref(handle)?;
         let s = crate::types::counters_to_c(&h.stats());

@@ -169,6 +169,7 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ple_close": (None, [_HANDLE]),
     "ple_table_info": (c_int32, [_HANDLE, POINTER(ple_info)]),
     "ple_stats": (c_int32, [_HANDLE, POINTER(ple_counters)]),
+    "ple_stats_residency": (c_int32, [_HANDLE, POINTER(ple_counters)]),
     "ple_submit": (c_int32, [_HANDLE, POINTER(ple_batch), c_uint64]),
     "ple_submit_tokens": (c_int32, [_HANDLE, POINTER(ple_token_batch), c_uint64]),
     "ple_prefetch_ahead": (c_int32, [_HANDLE, POINTER(ple_batch)]),

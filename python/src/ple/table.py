@@ -240,8 +240,15 @@ class Table:
         d["io_backend"] = IO_BACKENDS.get(i.io_backend, i.io_backend)
         return TableInfo(**d)
 
-    def stats(self) -> Counters:
-        """The handle's cumulative counters (``ple_stats``).
+    def stats(self, *, residency: bool = False) -> Counters:
+        """The handle's cumulative counters (``ple_stats``): cheap enough to read every step.
+
+        Parameters
+        ----------
+        residency : bool
+            Also measure the table's page-cache residency (``resident_pages``, a mincore pass
+            whose time grows with the table) and ``mem_available_bytes``
+            (``ple_stats_residency``); without it both are 0.
 
         Returns
         -------
@@ -256,7 +263,7 @@ class Table:
         """
         c = ple_counters()
         c.struct_size = ctypes.sizeof(ple_counters)
-        check(lib.ple_stats(self._ptr, ctypes.byref(c)))
+        check((lib.ple_stats_residency if residency else lib.ple_stats)(self._ptr, ctypes.byref(c)))
         return Counters(**{f: int(getattr(c, f)) for f in COUNTER_FIELDS})
 
     # -- batches ----------------------------------------------------------------------------

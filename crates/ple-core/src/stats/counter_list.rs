@@ -56,11 +56,13 @@ counters! {
     sum timeouts,
     /// Steps that failed.
     sum failed_steps,
-    /// Table pages resident in the page cache (mincore), measured when the counters are read.
+    /// Table pages resident in the page cache (mincore), measured by `ple_stats_residency` (0 from
+    /// `ple_stats`, which stays cheap enough to read every step).
     demand resident_pages,
     /// Pages of the table, counted when the counters are read.
     demand table_pages,
-    /// MemAvailable of /proc/meminfo in bytes, read when the counters are read.
+    /// MemAvailable of /proc/meminfo in bytes, read by `ple_stats_residency` (0 from
+    /// `ple_stats`).
     demand mem_available_bytes,
     /// Nanoseconds steps spent between submit and the worker starting them, summed: queueing
     /// behind earlier steps and the worker's wake-up (part of the submit-to-done times).

@@ -73,23 +73,20 @@ pub struct Pipeline {
     pub(super) trim: Option<JoinHandle<()>>,
 }
 
-/// `slots` CPU staging slots of `slot_bytes`, their first pages touched (up to
-/// `PRETOUCH_MAX_BYTES` over all slots) so steps do not take first-touch faults.
+/// `slots` CPU staging slots of `slot_bytes`: anonymous mappings (zero pages the kernel
+/// provides on first touch: nothing is written at open beyond the pre-touch), each slot's first
+/// `PRETOUCH_MAX_BYTES / slots` bytes touched so steps do not take first-touch faults there.
 fn cpu_staging(slots: usize, slot_bytes: usize) -> Result<Vec<Staging>> {
     let mut staging = Vec::with_capacity(slots);
     for _ in 0..slots {
-        let mut v = Vec::new();
-        v.try_reserve_exact(slot_bytes)
-            .map_err(|_| Error::OutOfMemory(format!("staging slot of {slot_bytes} bytes")))?;
-        v.resize(slot_bytes, 0u8);
-        // touch the pages now (up to PRETOUCH_MAX_BYTES over all slots) so steps do not take
-        // first-touch faults
+        let mut m = memmap2::MmapMut::map_anon(slot_bytes)
+            .map_err(|e| Error::OutOfMemory(format!("staging slot of {slot_bytes} bytes: {e}")))?;
         let touch = slot_bytes.min(PRETOUCH_MAX_BYTES / slots);
         for i in (0..touch).step_by(4096) {
             // SAFETY: in bounds; volatile so the store is not elided.
-            unsafe { std::ptr::write_volatile(v.as_mut_ptr().add(i), 0) };
+            unsafe { std::ptr::write_volatile(m.as_mut_ptr().add(i), 0) };
         }
-        staging.push(Staging(UnsafeCell::new(v)));
+        staging.push(Staging(UnsafeCell::new(m)));
     }
     Ok(staging)
 }
@@ -236,9 +233,10 @@ impl Pipeline {
         })
     }
 
-    /// Cumulative counters without the on-demand fields (no mincore: cheap). Includes every step
-    /// complete (`done`) at the call: a step's counters are recorded just after it is published,
-    /// so this waits for that (microseconds).
+    /// Cumulative counters without the measured fields (no mincore, no /proc read: cheap enough
+    /// to read every step; `table_pages` is counted, `resident_pages` and `mem_available_bytes`
+    /// are 0). Includes every step complete (`done`) at the call: a step's counters are recorded
+    /// just after it is published, so this waits for that (microseconds).
     pub fn counters(&self) -> Counters {
         let sh = &*self.sh;
         let done = sh.completion.done();
@@ -250,10 +248,13 @@ impl Pipeline {
         if let Some(rc) = &sh.reader.cache {
             c.cache_bytes_used = rc.counters().bytes_used;
         }
+        let table = sh.reader.table.bytes().len();
+        c.table_pages = table.div_ceil(stats::os_page_size()) as u64;
         c
     }
 
-    /// Cumulative counters, with page-cache residency of the table and MemAvailable measured now.
+    /// Cumulative counters, with page-cache residency of the table (a mincore pass over it: time
+    /// grows with the table's size) and MemAvailable measured now.
     pub fn stats(&self) -> Counters {
         let mut s = self.counters();
         let (resident, total) = stats::residency(self.sh.reader.table.bytes());

@@ -87,7 +87,7 @@ pub(super) struct Shared {
 /// `Consuming`. Transitions happen under the ring mutex, and `done` is published with Release
 /// after the writes, so readers see complete rows. A slot is never made `Pending` again before it
 /// was consumed (set `Free`).
-pub(super) struct Staging(pub(super) UnsafeCell<Vec<u8>>);
+pub(super) struct Staging(pub(super) UnsafeCell<memmap2::MmapMut>);
 // SAFETY: see the access protocol above.
 unsafe impl Sync for Staging {}
 
