@@ -85,6 +85,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
                 (RowFormat::Nvfp4, false),
                 (RowFormat::Fp8, true),
                 (RowFormat::Bf16, false),
+                (RowFormat::F32, true),
             ] {
                 let (file, config) = tiny_checkpoint(f, ht);
                 for flags in [2u8, 3] {
@@ -100,7 +101,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         "table_json" => {
             let d = std::env::temp_dir().join(format!("ple-fuzz-seed-t-{}", std::process::id()));
             let mut v = Vec::new();
-            for f in [RowFormat::Nvfp4, RowFormat::Bf16] {
+            for f in [RowFormat::Nvfp4, RowFormat::Bf16, RowFormat::F32] {
                 let m = synth::write_table(&d, f, &tiny_config(), 1).expect("tiny table");
                 v.push(serde_json::to_vec_pretty(&m).expect("json"));
             }

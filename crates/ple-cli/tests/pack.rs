@@ -33,6 +33,11 @@ fn each_family_packs_every_row_and_all_metadata() {
             s.shards_per_file = 3;
             s
         }),
+        (RowFormat::F32, {
+            let mut s = spec(RowFormat::F32, 14).with_hash_tensors();
+            s.shards_per_file = 1;
+            s
+        }),
     ];
     for (f, s) in cases {
         let ck = d.path().join(format!("ck-{}", f.name()));

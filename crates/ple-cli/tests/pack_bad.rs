@@ -182,6 +182,39 @@ fn bad_dtype_and_shape() {
         h[&name]["data_offsets"] = serde_json::json!([b, b + (rows - 1) * 320]);
     });
     assert_bad(&ck, &[&name, "wrong shape"]);
+
+    // F32 rows: a shard of another dtype over the same bytes ([rows, 320] BF16) is refused, not
+    // converted; so is F16, which no row format stores exactly as is
+    let s3 = spec(RowFormat::F32, 1);
+    let ck = bad_ck(d.path(), "g", &s3);
+    let name = format!("{p}.shard_2.weight");
+    edit_header_of(&ck, &name, |h| {
+        h[&name]["dtype"] = "BF16".into();
+        h[&name]["shape"] = serde_json::json!([rows, 320]);
+    });
+    assert_bad(&ck, &[&name, "wrong dtype", "expected F32", "found BF16"]);
+    let ck = bad_ck(d.path(), "h", &s3);
+    let name = format!("{p}.shard_0.weight");
+    edit_header_of(&ck, &name, |h| {
+        h[&name]["dtype"] = "F16".into();
+        h[&name]["shape"] = serde_json::json!([rows, 320]);
+    });
+    assert_bad(&ck, &[&name, "F16", "not a PLE storage dtype"]);
+    // an F32 shard of 80 columns over the same bytes ([2 * rows, 80]) is a shape error
+    let ck = bad_ck(d.path(), "i", &s3);
+    let name = format!("{p}.shard_1.weight");
+    edit_header_of(&ck, &name, |h| {
+        h[&name]["shape"] = serde_json::json!([rows * 2, 80]);
+    });
+    assert_bad(
+        &ck,
+        &[
+            &name,
+            "wrong shape",
+            &format!("[{rows}, 160]"),
+            &format!("[{}, 80]", rows * 2),
+        ],
+    );
 }
 
 #[test]

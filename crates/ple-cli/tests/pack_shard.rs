@@ -32,7 +32,11 @@ fn file_len(dir: &Path) -> u64 {
 #[test]
 fn shard_tables_hold_their_heads_rows_and_add_up_to_the_whole() {
     let d = tempfile::tempdir().unwrap();
-    for (format, seed) in [(RowFormat::Nvfp4, 31), (RowFormat::Bf16, 32)] {
+    for (format, seed) in [
+        (RowFormat::Nvfp4, 31),
+        (RowFormat::Bf16, 32),
+        (RowFormat::F32, 33),
+    ] {
         let ck = d.path().join(format!("ck-{}", format.name()));
         write_checkpoint(&ck, &spec(format, seed)).unwrap();
         let whole_dir = d.path().join(format!("whole-{}", format.name()));
