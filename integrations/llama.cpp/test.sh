@@ -63,7 +63,7 @@ grep -q "unused tensor per_layer_token_embd.weight" "$work/ple-mmap.err" || fail
 same ple-mmap
 rc=$(LLAMA_PLE_IO=direct drive ple-direct "$data/model.gguf" --ple-table "$data/table")
 [ "$rc" = 0 ] || { tail -n 20 "$work/ple-direct.err" >&2; fail "--ple-table (DIRECT) run failed ($rc)"; }
-grep -q "direct I/O" "$work/ple-direct.err" || fail "LLAMA_PLE_IO=direct did not open DIRECT"
+grep -q "direct (.*) I/O" "$work/ple-direct.err" || fail "LLAMA_PLE_IO=direct did not open DIRECT"
 same ple-direct
 echo "llama.cpp test: --ple-table: logits bit-identical to stock (MMAP with row ids checked, DIRECT)"
 

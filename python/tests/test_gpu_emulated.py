@@ -8,8 +8,8 @@ against the emulated CUDA driver (``ffi-tests/gpu/emulated.sh --build`` makes
     PLE_CUDA_EMU=target/cuda-emu/libcuda.so.1 PLE_BIN=target/release/ple \\
         PLE_LIBRARY=target/release/libple.so PYTHONPATH=python/src pytest python/tests/test_gpu_emulated.py
 
-Expectations: each replay's output equals `dequant_cpu` of the same step on a CPU handle, bit for
-bit; a step over the captured capacity is NaN and `check_device` raises `PleStateError` once."""
+Expectations (an NVFP4 and an F32 table): each replay's output equals `dequant_cpu` of the same
+step on a CPU handle, bit for bit; a step over the captured capacity is NaN and `check_device` raises `PleStateError` once."""
 
 from __future__ import annotations
 
@@ -75,10 +75,11 @@ def cuda() -> Cuda:
     return Cuda(EMU)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def tdir(tmp_path_factory) -> str:
+@pytest.fixture(scope="module", params=["nvfp4", "f32"])
+def tdir(tmp_path_factory, request) -> str:
     d = str(tmp_path_factory.mktemp("emu") / "table")
-    args = ["synth-table", d, "--base", str(BASE), "--shards", str(SHARDS), "--seed", str(SEED)]
+    args = ["synth-table", d, "--format", request.param, "--base", str(BASE), "--shards", str(SHARDS),
+            "--seed", str(SEED)]  # fmt: skip
     subprocess.run([_ple_bin(), *args], check=True, capture_output=True)
     return d
 
