@@ -2,94 +2,21 @@
 //! (a few rows: heavy eviction; and a larger one) give exactly the rows and dequantised output of
 //! a handle without a cache, several steps in flight; the counters add up; bad sizes are errors.
 
+mod common;
+
+use common::*;
 use ple::*;
-use std::ffi::{CStr, CString};
-
-struct Handle(*mut ple_handle);
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from ple_open and is closed once, here.
-        unsafe { ple_close(self.0) };
-    }
-}
-
-fn last_error() -> String {
-    // SAFETY: ple_last_error_message returns a NUL-terminated string valid until the next libple call on this thread.
-    unsafe { CStr::from_ptr(ple_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
+use std::ffi::CString;
 
 fn open(dir: &CString, cache_bytes: u64) -> Result<Handle, (ple_status, String)> {
-    // SAFETY: ple_options is plain data filled by ple_options_default; the path and out pointer are valid for the call.
-    unsafe {
-        let mut o: ple_options = std::mem::zeroed();
-        assert_eq!(ple_options_default(&mut o), PLE_OK);
+    let o = options(|o| {
         assert_eq!(o.cache_bytes, PLE_CACHE_AUTO, "AUTO by default");
         o.max_tokens_per_step = 512;
         o.max_in_flight = 4;
         o.num_threads = 2;
         o.cache_bytes = cache_bytes;
-        let mut h = std::ptr::null_mut();
-        match ple_open(dir.as_ptr(), &o, &mut h) {
-            PLE_OK => Ok(Handle(h)),
-            s => Err((s, last_error())),
-        }
-    }
-}
-
-fn stats(h: &Handle) -> ple_stats {
-    // SAFETY: ple_stats (the C struct) is plain integers: all-zero is a valid value.
-    let mut s: ple_stats = unsafe { std::mem::zeroed() };
-    s.struct_size = std::mem::size_of::<ple_stats>();
-    // SAFETY: `h` is open and `s` a writable ple_counters with struct_size set.
-    assert_eq!(unsafe { ple_stats(h.0, &mut s) }, PLE_OK);
-    s
-}
-
-/// One step: `reqs` requests of `toks` tokens each from `stream`, stateless context.
-struct Step {
-    tokens: Vec<i32>,
-    positions: Vec<i32>,
-    ids: Vec<u64>,
-    qs: Vec<u32>,
-    ctx: Vec<i32>,
-}
-
-fn step(stream: &[i32], at: usize, reqs: usize, toks: usize) -> Step {
-    let mut s = Step {
-        tokens: vec![],
-        positions: vec![],
-        ids: vec![],
-        qs: vec![0],
-        ctx: vec![],
-    };
-    for r in 0..reqs {
-        let p = (at + r * 997) % (stream.len() - toks);
-        s.tokens.extend_from_slice(&stream[p..p + toks]);
-        s.positions.extend((p..p + toks).map(|x| x as i32));
-        s.ids.push(r as u64 + 1);
-        s.qs.push(s.tokens.len() as u32);
-        let at = |q: usize| if q < 2 { 248_044 } else { stream[q - 2] };
-        s.ctx.push(at(p));
-        s.ctx.push(at(p + 1));
-    }
-    s
-}
-
-impl Step {
-    fn batch(&self) -> ple_batch {
-        ple_batch {
-            tokens: self.tokens.as_ptr(),
-            positions: self.positions.as_ptr(),
-            num_tokens: self.tokens.len() as u32,
-            request_ids: self.ids.as_ptr(),
-            query_start: self.qs.as_ptr(),
-            num_requests: self.ids.len() as u32,
-            context: self.ctx.as_ptr(),
-        }
-    }
+    });
+    try_open(dir, &o)
 }
 
 #[test]
@@ -118,7 +45,7 @@ fn rows_through_the_cache_equal_rows_without_it() {
             let steps: Vec<Step> = (0..3)
                 .map(|k| {
                     let (reqs, toks) = [(16, 1), (1, 300), (8, 4)][(round + k) % 3];
-                    step(&stream, round * 131 + k * 17, reqs, toks)
+                    Step::new(&stream, round * 131 + k * 17, reqs, toks)
                 })
                 .collect();
             let first = seq + 1;

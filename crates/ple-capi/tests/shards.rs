@@ -5,25 +5,12 @@
 //! `ple_packed_rows` is its heads' rows; `ple_info` reports the shard; bad values and older
 //! callers.
 
+mod common;
+
+use common::*;
 use half::{bf16, f16};
 use ple::*;
-use std::ffi::{CStr, CString};
-
-struct Handle(*mut ple_handle);
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        // SAFETY: the handle came from ple_open and is closed once, here.
-        unsafe { ple_close(self.0) };
-    }
-}
-
-fn last_error() -> String {
-    // SAFETY: ple_last_error_message returns a NUL-terminated string valid until the next libple call on this thread.
-    unsafe { CStr::from_ptr(ple_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
+use std::ffi::CString;
 
 fn options(count: u32, index: u32) -> ple_options {
     // SAFETY: ple_options is plain data; all-zero is valid before ple_options_default fills it.
@@ -42,77 +29,8 @@ fn options(count: u32, index: u32) -> ple_options {
     o
 }
 
-fn open_with(dir: &CString, o: &ple_options) -> Result<Handle, (ple_status, String)> {
-    let mut h = std::ptr::null_mut();
-    // SAFETY: the path, options and out pointer are valid for the call.
-    match unsafe { ple_open(dir.as_ptr(), o, &mut h) } {
-        PLE_OK => Ok(Handle(h)),
-        s => Err((s, last_error())),
-    }
-}
-
 fn open(dir: &CString, count: u32, index: u32) -> Handle {
-    open_with(dir, &options(count, index)).unwrap_or_else(|e| panic!("{e:?}"))
-}
-
-fn info(h: &Handle) -> ple_table_info {
-    // SAFETY: ple_info is plain data: all-zero is a valid value.
-    let mut i: ple_table_info = unsafe { std::mem::zeroed() };
-    i.struct_size = std::mem::size_of::<ple_table_info>();
-    // SAFETY: `h` is open and `i` a writable ple_info with struct_size set.
-    assert_eq!(unsafe { ple_table_info(h.0, &mut i) }, PLE_OK);
-    i
-}
-
-/// One stateless step: `reqs` requests of `toks` tokens from `stream`.
-struct Step {
-    tokens: Vec<i32>,
-    positions: Vec<i32>,
-    ids: Vec<u64>,
-    qs: Vec<u32>,
-    ctx: Vec<i32>,
-}
-
-impl Step {
-    fn new(stream: &[i32], at: usize, reqs: usize, toks: usize) -> Step {
-        let mut s = Step {
-            tokens: vec![],
-            positions: vec![],
-            ids: vec![],
-            qs: vec![0],
-            ctx: vec![],
-        };
-        for r in 0..reqs {
-            let p = (at + r * 997) % (stream.len() - toks);
-            s.tokens.extend_from_slice(&stream[p..p + toks]);
-            s.positions.extend((p..p + toks).map(|x| x as i32));
-            s.ids.push(r as u64 + 1);
-            s.qs.push(s.tokens.len() as u32);
-            let at = |q: usize| if q < 2 { 248_044 } else { stream[q - 2] };
-            s.ctx.push(at(p));
-            s.ctx.push(at(p + 1));
-        }
-        s
-    }
-
-    fn batch(&self) -> ple_batch {
-        ple_batch {
-            tokens: self.tokens.as_ptr(),
-            positions: self.positions.as_ptr(),
-            num_tokens: self.tokens.len() as u32,
-            request_ids: self.ids.as_ptr(),
-            query_start: self.qs.as_ptr(),
-            num_requests: self.ids.len() as u32,
-            context: self.ctx.as_ptr(),
-        }
-    }
-}
-
-fn submit(h: &Handle, st: &Step, seq: u64) {
-    let b = st.batch();
-    // SAFETY: the batch borrows `st`, alive across the call; the handle is open.
-    let r = unsafe { ple_submit(h.0, &b, seq) };
-    assert_eq!(r, PLE_OK, "{}", last_error());
+    try_open(dir, &options(count, index)).unwrap_or_else(|e| panic!("{e:?}"))
 }
 
 /// `ple_dequant_cpu` of step `seq` into `out` (tokens × 2560 elements of `dtype`, f16/bf16 two
@@ -183,7 +101,7 @@ fn the_sum_of_n_shards_is_the_whole_output_for_every_dtype_and_flag() {
         let shards: Vec<Handle> = (0..count).map(|i| open(&dir, count, i)).collect();
         // ple_info and ple_packed_rows: the shard's heads, in order, as [tokens][heads][row]
         seq += 1;
-        submit(&whole, &st, seq);
+        submit_step(&whole, &st, seq);
         let mut seen = [0u32; 16];
         for (i, h) in shards.iter().enumerate() {
             let inf = info(h);
@@ -198,7 +116,7 @@ fn the_sum_of_n_shards_is_the_whole_output_for_every_dtype_and_flag() {
             let k = inf.shard_heads as usize;
             assert_eq!(k, heads.len());
             assert!(k == 16 / count as usize || k == 16 / count as usize + 1);
-            submit(h, &st, seq);
+            submit_step(h, &st, seq);
             let (mut p, mut t) = (std::ptr::null(), 0u32);
             // SAFETY: out pointers are locals; the rows are read before the step is released.
             unsafe {
@@ -224,12 +142,12 @@ fn the_sum_of_n_shards_is_the_whole_output_for_every_dtype_and_flag() {
         for dtype in [PLE_DTYPE_F32, PLE_DTYPE_F16, PLE_DTYPE_BF16] {
             // overwrite: the sum of the shards' outputs
             seq += 1;
-            submit(&whole, &st, seq);
+            submit_step(&whole, &st, seq);
             let mut want = vec![0xDEAD_BEEFu32; words(n, dtype)];
             dequant(&whole, seq, &mut want, dtype, 0);
             let mut sum = vec![0u32; words(n, dtype)];
             for (i, h) in shards.iter().enumerate() {
-                submit(h, &st, seq);
+                submit_step(h, &st, seq);
                 let mut out = vec![0x1234_5678u32.rotate_left(i as u32); words(n, dtype)];
                 dequant(h, seq, &mut out, dtype, 0);
                 if i == 0 {
@@ -247,11 +165,11 @@ fn the_sum_of_n_shards_is_the_whole_output_for_every_dtype_and_flag() {
                 .map(|i| splitmix(i as u64 ^ seq << 32) as u32)
                 .collect();
             let mut want = base.clone();
-            submit(&whole, &st, seq);
+            submit_step(&whole, &st, seq);
             dequant(&whole, seq, &mut want, dtype, PLE_FUSE_ACCUMULATE);
             let mut got = base.clone();
             for h in &shards {
-                submit(h, &st, seq);
+                submit_step(h, &st, seq);
                 dequant(h, seq, &mut got, dtype, PLE_FUSE_ACCUMULATE);
             }
             assert!(
@@ -274,7 +192,7 @@ fn bad_shards_are_invalid_arguments_and_older_callers_get_the_whole_table() {
     .unwrap();
     let dir = CString::new(d.path().to_str().unwrap()).unwrap();
     for (count, index) in [(0, 0), (17, 0), (4, 4), (16, 99)] {
-        let (s, m) = open_with(&dir, &options(count, index))
+        let (s, m) = try_open(&dir, &options(count, index))
             .err()
             .expect("refused");
         assert_eq!(s, PLE_E_INVALID_ARGUMENT, "{count} {index}: {m}");
@@ -286,7 +204,7 @@ fn bad_shards_are_invalid_arguments_and_older_callers_get_the_whole_table() {
     for size in [old, std::mem::offset_of!(ple_options, cache_bytes)] {
         let mut o = options(7, 5);
         o.struct_size = size;
-        let h = open_with(&dir, &o).unwrap_or_else(|e| panic!("{e:?}"));
+        let h = try_open(&dir, &o).unwrap_or_else(|e| panic!("{e:?}"));
         let i = info(&h);
         assert_eq!(
             (
@@ -360,7 +278,7 @@ fn ple_pack_writes_a_shard_table_and_older_callers_the_whole() {
     let dir = CString::new(out.to_str().unwrap()).unwrap();
     let i = info(&open(&dir, 3, 2));
     assert_eq!((i.shard_first_head, i.shard_head_stride), (2, 3));
-    let (s, m) = open_with(&dir, &options(3, 1)).err().expect("refused");
+    let (s, m) = try_open(&dir, &options(3, 1)).err().expect("refused");
     assert_eq!(s, PLE_E_FORMAT);
     assert!(m.contains("shard 2/3") && m.contains("shard 1/3"), "{m}");
     // bad shard options: refused before anything is written

@@ -37,6 +37,101 @@ pub fn open(dir: &CString, o: &ple_options) -> *mut ple_handle {
     h
 }
 
+/// An open handle, closed when dropped.
+pub struct Handle(pub *mut ple_handle);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from ple_open and is closed once, here.
+        unsafe { ple_close(self.0) };
+    }
+}
+
+/// `ple_open` of `dir` with `o`: the handle, or the status and message of the failure.
+pub fn try_open(dir: &CString, o: &ple_options) -> Result<Handle, (ple_status, String)> {
+    let mut h = std::ptr::null_mut();
+    // SAFETY: the path, options and out pointer are valid for the call.
+    match unsafe { ple_open(dir.as_ptr(), o, &mut h) } {
+        PLE_OK => Ok(Handle(h)),
+        s => Err((s, last_error())),
+    }
+}
+
+/// The handle's counters (`ple_stats`).
+pub fn stats(h: &Handle) -> ple_stats {
+    // SAFETY: ple_stats (the C struct) is plain integers: all-zero is a valid value.
+    let mut s: ple_stats = unsafe { std::mem::zeroed() };
+    s.struct_size = std::mem::size_of::<ple_stats>();
+    // SAFETY: `h` is open and `s` a writable ple_counters with struct_size set.
+    assert_eq!(unsafe { ple_stats(h.0, &mut s) }, PLE_OK);
+    s
+}
+
+/// The handle's table facts (`ple_table_info`).
+pub fn info(h: &Handle) -> ple_table_info {
+    // SAFETY: ple_info is plain data: all-zero is a valid value.
+    let mut i: ple_table_info = unsafe { std::mem::zeroed() };
+    i.struct_size = std::mem::size_of::<ple_table_info>();
+    // SAFETY: `h` is open and `i` a writable ple_info with struct_size set.
+    assert_eq!(unsafe { ple_table_info(h.0, &mut i) }, PLE_OK);
+    i
+}
+
+/// One stateless step: `reqs` requests of `toks` tokens each from `stream` (request `r` at
+/// `(at + r·997) mod (len − toks)`), each with its two context tokens (EOS before the stream).
+/// Owns the arrays a `ple_batch` borrows.
+pub struct Step {
+    pub tokens: Vec<i32>,
+    pub positions: Vec<i32>,
+    pub ids: Vec<u64>,
+    pub qs: Vec<u32>,
+    pub ctx: Vec<i32>,
+}
+
+impl Step {
+    pub fn new(stream: &[i32], at: usize, reqs: usize, toks: usize) -> Step {
+        let mut s = Step {
+            tokens: vec![],
+            positions: vec![],
+            ids: vec![],
+            qs: vec![0],
+            ctx: vec![],
+        };
+        for r in 0..reqs {
+            let p = (at + r * 997) % (stream.len() - toks);
+            s.tokens.extend_from_slice(&stream[p..p + toks]);
+            s.positions.extend((p..p + toks).map(|x| x as i32));
+            s.ids.push(r as u64 + 1);
+            s.qs.push(s.tokens.len() as u32);
+            let at = |q: usize| if q < 2 { 248_044 } else { stream[q - 2] };
+            s.ctx.push(at(p));
+            s.ctx.push(at(p + 1));
+        }
+        s
+    }
+
+    /// The batch, borrowing `self`'s arrays (valid while `self` lives).
+    pub fn batch(&self) -> ple_batch {
+        ple_batch {
+            tokens: self.tokens.as_ptr(),
+            positions: self.positions.as_ptr(),
+            num_tokens: self.tokens.len() as u32,
+            request_ids: self.ids.as_ptr(),
+            query_start: self.qs.as_ptr(),
+            num_requests: self.ids.len() as u32,
+            context: self.ctx.as_ptr(),
+        }
+    }
+}
+
+/// Submits `st` as `seq` on `h`; fails the test unless `PLE_OK`.
+pub fn submit_step(h: &Handle, st: &Step, seq: u64) {
+    let b = st.batch();
+    // SAFETY: the batch borrows `st`, alive across the call; the handle is open.
+    let r = unsafe { ple_submit(h.0, &b, seq) };
+    assert_eq!(r, PLE_OK, "{}", last_error());
+}
+
 pub fn last_error() -> String {
     // SAFETY: ple_last_error_message never returns NULL and the text lives until the next call.
     unsafe { CStr::from_ptr(ple_last_error_message()) }
