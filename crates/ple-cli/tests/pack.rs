@@ -539,3 +539,46 @@ fn python_tool_tables_open_with_the_documented_rule() {
         "{e}"
     );
 }
+
+#[test]
+fn python_tool_tables_of_f32_rows_open_by_width_or_dtype() {
+    let d = tempfile::tempdir().unwrap();
+    let s = spec(RowFormat::F32, 45);
+    let ck = d.path().join("snap-f32");
+    let info = write_checkpoint(&ck, &s).unwrap();
+    let out = d.path().join("ours");
+    pack_quiet(&ck, &out, &PackOptions::default()).unwrap();
+    let pt = d.path().join("py");
+    std::fs::create_dir_all(&pt).unwrap();
+    let name = "layer.ngram_embedding.packed_u8";
+    std::fs::copy(out.join("table.rows"), pt.join(name)).unwrap();
+    std::fs::copy(ck.join("config.json"), pt.join("config.json")).unwrap();
+    let mut meta = serde_json::json!({
+        "rows_per_shard": info.rows_per_shard, "num_shards": 4, "row_width": 640,
+        "codes_width": 640, "scales_width": 0, "total_rows": info.total_rows,
+        "snapshot": "snap-f32",
+    });
+    let write_meta = |m: &serde_json::Value| {
+        std::fs::write(pt.join(format!("{name}.json")), m.to_string()).unwrap()
+    };
+    // no dtype: the widths name f32; no checkpoint: the global scale of f32 rows is 1.0
+    write_meta(&meta);
+    let t = open(&pt).unwrap();
+    assert_eq!((t.format(), t.global_scale()), (RowFormat::F32, 1.0));
+    assert_rows(&t, 45, RowFormat::F32);
+    // the dtype the tool would write for F32 shards; with the checkpoint, its fingerprint
+    meta["shard_dtype"] = "F32".into();
+    write_meta(&meta);
+    let opts = TableOpenOptions {
+        config_json_path: Some(ck.join("config.json")),
+        ..Default::default()
+    };
+    let t = Table::open(&pt, &opts).unwrap();
+    assert_eq!(t.format(), RowFormat::F32);
+    assert_eq!(t.meta().source.fingerprint, fingerprint(&ck).unwrap());
+    // a dtype whose widths are not the table's is refused
+    meta["shard_dtype"] = "BF16".into();
+    write_meta(&meta);
+    let e = Table::open(&pt, &opts).err().unwrap();
+    assert!(e.to_string().contains("codes_width"), "{e}");
+}
