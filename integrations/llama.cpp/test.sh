@@ -8,7 +8,8 @@
 # The driver (test/fidelity.cpp) prints a hash of every logit row of a fixed script: 3 sequences in
 # one batch, n_ubatch 8 < the prompts, EOS inside the prompts, 32 greedy decode steps, a rollback
 # (llama_memory_seq_rm) and re-decode; F32 KV cache, 2 threads. Checks:
-#   1. --ple-table gives bit-identical logits (row ids checked against llama.cpp's; MMAP and DIRECT)
+#   1. --ple-table gives bit-identical logits (row ids checked against llama.cpp's; MMAP and DIRECT),
+#      the prompt batch's rows read ahead (libple's read-ahead counters)
 #   2. ... also from the GGUF without per_layer_token_embd, which stock llama.cpp refuses
 #   3. a table of another checkpoint (other head sizes) is refused at load, naming the field
 #   4. a table with the same hash but other rows loads and changes the logits (the test can fail)
@@ -65,7 +66,9 @@ rc=$(LLAMA_PLE_IO=direct drive ple-direct "$data/model.gguf" --ple-table "$data/
 [ "$rc" = 0 ] || { tail -n 20 "$work/ple-direct.err" >&2; fail "--ple-table (DIRECT) run failed ($rc)"; }
 grep -q "direct (.*) I/O" "$work/ple-direct.err" || fail "LLAMA_PLE_IO=direct did not open DIRECT"
 same ple-direct
-echo "llama.cpp test: --ple-table: logits bit-identical to stock (MMAP with row ids checked, DIRECT)"
+ahead=$(grep -o "libple read-ahead: [0-9]* rows asked" "$work/ple-direct.err" | grep -o "[0-9]*" || true)
+[ "${ahead:-0}" -ge 800 ] || fail "the prompt batch's rows were not read ahead (${ahead:-no} rows asked, expected >= 800)"
+echo "llama.cpp test: --ple-table: logits bit-identical to stock (MMAP with row ids checked, DIRECT; $ahead rows read ahead)"
 
 rc=$(drive stripped-stock "$data/model-nople.gguf")
 [ "$rc" = 2 ] && grep -q "per_layer_token_embd.weight' not found" "$work/stripped-stock.err" ||
