@@ -48,9 +48,13 @@ def test_info_says_f32(f32_dir):
         assert i["source_name"] == f"synthetic-f32-seed{SEED}"
 
 
-def test_packed_rows_and_dequant_cpu_are_the_stored_values(f32_dir):
+@pytest.mark.parametrize("io", [dict(io_mode="mmap"), dict(io_mode="direct", cache_bytes=0), dict(io_mode="direct")])
+def test_packed_rows_and_dequant_cpu_are_the_stored_values(f32_dir, io):
+    """Through the memory map and through DIRECT reads (640-byte rows straddle 4 KiB blocks), with
+    and without the row cache."""
     ml = pytest.importorskip("ml_dtypes")
-    with ple.Table(f32_dir, max_tokens_per_step=64, num_threads=2) as t:
+    with ple.Table(f32_dir, max_tokens_per_step=64, num_threads=2, **io) as t:
+        assert t.info["io_mode"] == io["io_mode"]
         ids = t.ngram_ids(**TWO)
         want = file_values(f32_dir, ids)
         # the generator's values round when narrowed (so the f16 / bf16 checks below mean something)
