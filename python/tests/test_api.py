@@ -24,12 +24,7 @@ from ple import _errors, _lib
 from test_ple import BASE, SEED, SHARDS, TWO, _ple_bin
 
 
-@pytest.fixture(scope="module")
-def tdir(tmp_path_factory) -> str:
-    d = str(tmp_path_factory.mktemp("api") / "table")
-    args = ["synth-table", d, "--base", str(BASE), "--shards", str(SHARDS), "--seed", str(SEED)]
-    subprocess.run([_ple_bin(), *args], check=True, capture_output=True)
-    return d
+
 
 
 # the builtin each status must also be, from the issue (not from the package's own table)
@@ -75,8 +70,8 @@ def test_every_status_has_its_class_and_builtin():
     assert isinstance(e, FileNotFoundError) and e.errno == errno.ENOENT
 
 
-def test_real_failures_raise_the_matching_builtin(tdir, tmp_path):
-    with ple.Table(tdir, max_tokens_per_step=64, num_threads=2) as t:
+def test_real_failures_raise_the_matching_builtin(table_dir, tmp_path):
+    with ple.Table(table_dir, max_tokens_per_step=64, num_threads=2) as t:
         with pytest.raises(ValueError) as e:
             t.submit([248320], [0])
         assert type(e.value) is ple.PleInvalidArgumentError and e.value.status == -1
@@ -91,7 +86,7 @@ def test_real_failures_raise_the_matching_builtin(tdir, tmp_path):
     with pytest.raises(FileNotFoundError):
         ple.pack(str(tmp_path / "no-such-checkpoint"), str(tmp_path / "out"))
     # a full ring under "wait" times out after wait_timeout_us: a TimeoutError
-    with ple.Table(tdir, max_in_flight=1, wait_timeout_us=1000, ring_full_policy="wait") as t:
+    with ple.Table(table_dir, max_in_flight=1, wait_timeout_us=1000, ring_full_policy="wait") as t:
         first = t.submit(**TWO)
         with pytest.raises(TimeoutError) as e:
             t.submit(**TWO)
@@ -104,8 +99,8 @@ def test_real_failures_raise_the_matching_builtin(tdir, tmp_path):
         again.release()
 
 
-def test_a_closed_table_raises_the_state_error(tdir):
-    t = ple.Table(tdir)
+def test_a_closed_table_raises_the_state_error(table_dir):
+    t = ple.Table(table_dir)
     assert not t.closed
     t.close()
     assert t.closed
@@ -115,16 +110,16 @@ def test_a_closed_table_raises_the_state_error(tdir):
         assert type(e.value) is ple.PleStateError
         assert (e.value.status, e.value.name) == (ple.Status.STATE, "PLE_E_STATE")
     t.close()  # a second close is a no-op
-    with ple.Table(tdir) as t2:
+    with ple.Table(table_dir) as t2:
         assert not t2.closed
     assert t2.closed
 
 
-def test_done_polls_without_raising(tdir):
+def test_done_polls_without_raising(table_dir):
     rng = np.random.default_rng(1)
     n = 8192
     pending_seen = 0
-    with ple.Table(tdir, max_tokens_per_step=n, num_threads=1) as t:
+    with ple.Table(table_dir, max_tokens_per_step=n, num_threads=1) as t:
         for i in range(20):
             s = t.submit(rng.integers(0, 248000, n).astype(np.int32), np.arange(n, dtype=np.int32),
                          request_ids=[i + 1], query_start=[0, n])  # fmt: skip
@@ -139,9 +134,9 @@ def test_done_polls_without_raising(tdir):
             s.done()
 
 
-def test_step_as_a_context_manager_releases_it(tdir):
+def test_step_as_a_context_manager_releases_it(table_dir):
     # one ring slot and "error" on a full ring: a step not released makes the next submit fail
-    with ple.Table(tdir, max_in_flight=1, ring_full_policy="error") as t:
+    with ple.Table(table_dir, max_in_flight=1, ring_full_policy="error") as t:
         s = t.submit(**TWO)
         with pytest.raises(ple.PleStateError):
             t.submit(**TWO)
@@ -165,8 +160,8 @@ def test_step_as_a_context_manager_releases_it(tdir):
     assert not hasattr(s, "__dict__")
 
 
-def test_info_and_stats_are_frozen_dataclasses_that_read_as_mappings(tdir):
-    with ple.Table(tdir, max_tokens_per_step=64, num_threads=2) as t:
+def test_info_and_stats_are_frozen_dataclasses_that_read_as_mappings(table_dir):
+    with ple.Table(table_dir, max_tokens_per_step=64, num_threads=2) as t:
         i = t.info
         assert isinstance(i, ple.TableInfo) and dataclasses.is_dataclass(i)
         assert (i.format, i.row_bytes, i.num_heads, i.head_dim) == ("nvfp4", 90, 16, 160)
@@ -197,7 +192,7 @@ def _wait_for(records, text, seconds=10.0):
     return []
 
 
-def test_log_messages_reach_the_ple_logger(tdir):
+def test_log_messages_reach_the_ple_logger(table_dir):
     records = []
 
     class Keep(logging.Handler):
@@ -211,7 +206,7 @@ def test_log_messages_reach_the_ple_logger(tdir):
     logger.setLevel(1)
     try:
         ple.log_to_python("debug")
-        with ple.Table(tdir) as t:
+        with ple.Table(table_dir) as t:
             with pytest.raises(ple.PleError):
                 t.submit([248321], [0])  # PLE_LOG_DEBUG logs every error returned, with its text
             hits = _wait_for(records, "248321")
@@ -230,7 +225,7 @@ def test_log_messages_reach_the_ple_logger(tdir):
         seen = []
         ple.set_log_callback(lambda level, msg: seen.append((level, msg)), "debug")
         with pytest.raises(ple.PleError):
-            ple.Table(tdir, shard_count=17)
+            ple.Table(table_dir, shard_count=17)
         deadline = time.monotonic() + 10
         while not any("shard_count" in m for _, m in seen) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -243,7 +238,7 @@ def test_log_messages_reach_the_ple_logger(tdir):
 
         ple.set_log_callback(broken, "debug")  # its exception goes to the "ple" logger, not into libple
         with pytest.raises(ple.PleError):
-            ple.Table(tdir, shard_count=18)
+            ple.Table(table_dir, shard_count=18)
         hits = _wait_for(records, "ple log callback failed")
         assert hits and hits[0].levelno == logging.ERROR and "shard_count" in hits[0].getMessage()
         assert hits[0].exc_info[0] is RuntimeError
@@ -259,9 +254,9 @@ class FakeCuda:
     __cuda_array_interface__ = {"data": (0x1000, False), "shape": (8, 2560), "typestr": "<f4", "version": 3}
 
 
-def test_gpu_calls_on_a_cpu_handle_raise_cuda_unavailable(tdir):
+def test_gpu_calls_on_a_cpu_handle_raise_cuda_unavailable(table_dir):
     # no GPU on this machine: only the refusals are checked, not the CUDA Graph or device paths
-    with ple.Table(tdir) as t:
+    with ple.Table(table_dir) as t:
         assert t.info.device_wait_supported is False
         for call in (
             t.check_device,
@@ -282,7 +277,7 @@ def test_gpu_calls_on_a_cpu_handle_raise_cuda_unavailable(tdir):
         ctypes.CDLL("libcuda.so.1")
     except OSError:  # no CUDA driver: a GPU handle is refused
         with pytest.raises(ple.PleCudaUnavailableError):
-            ple.Table(tdir, cuda_device=0)
+            ple.Table(table_dir, cuda_device=0)
 
 
 def _public_callables():

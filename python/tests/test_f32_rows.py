@@ -14,24 +14,16 @@ import pytest
 
 import ple
 
+from conftest import ple_bin as _ple_bin
+
 SEED, BASE, SHARDS = 5, 2000, 4
 D, ROW_BYTES = 2560, 640
 TWO = ple.batch_from_requests([(7, 0, [11, 12, 13, 14, 15]), (9, 0, [21, 22, 23])])
 
 
-def _ple_bin() -> str:
-    b = os.environ.get("PLE_BIN") or shutil.which("ple")
-    if not b or not os.access(b, os.X_OK):
-        pytest.fail("the tests make their tables with the ple CLI: set PLE_BIN=<path to ple>")
-    return b
-
-
 @pytest.fixture(scope="module")
-def f32_dir(tmp_path_factory) -> str:
-    d = str(tmp_path_factory.mktemp("f32") / "table")
-    args = ["synth-table", d, "--format", "f32", "--base", str(BASE), "--shards", str(SHARDS), "--seed", str(SEED)]
-    subprocess.run([_ple_bin(), *args], check=True, capture_output=True)
-    return d
+def f32_dir(synth_table) -> str:
+    return synth_table("f32", seed=SEED, base=BASE, shards=SHARDS)
 
 
 def file_values(table_dir: str, ids: np.ndarray) -> np.ndarray:

@@ -76,12 +76,8 @@ def cuda() -> Cuda:
 
 
 @pytest.fixture(scope="module", params=["nvfp4", "f32"])
-def tdir(tmp_path_factory, request) -> str:
-    d = str(tmp_path_factory.mktemp("emu") / "table")
-    args = ["synth-table", d, "--format", request.param, "--base", str(BASE), "--shards", str(SHARDS),
-            "--seed", str(SEED)]  # fmt: skip
-    subprocess.run([_ple_bin(), *args], check=True, capture_output=True)
-    return d
+def tdir(synth_table, request) -> str:
+    return synth_table(request.param)
 
 
 def test_check_device_and_a_captured_graph_on_the_emulated_driver(cuda, tdir):

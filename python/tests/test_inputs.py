@@ -27,17 +27,12 @@ from ple import _arrays
 from test_ple import BASE, SEED, SHARDS, TWO, _ple_bin, file_rows
 
 
-@pytest.fixture(scope="module")
-def tdir(tmp_path_factory) -> str:
-    d = str(tmp_path_factory.mktemp("inputs") / "table")
-    args = ["synth-table", d, "--base", str(BASE), "--shards", str(SHARDS), "--seed", str(SEED)]
-    subprocess.run([_ple_bin(), *args], check=True, capture_output=True)
-    return d
+
 
 
 @pytest.fixture()
-def t(tdir):
-    with ple.Table(tdir, max_tokens_per_step=64, num_threads=1) as table:
+def t(table_dir):
+    with ple.Table(table_dir, max_tokens_per_step=64, num_threads=1) as table:
         yield table
 
 
@@ -185,10 +180,10 @@ def test_a_step_given_by_seq_is_checked_against_its_tokens(t):
 # -- steps nobody holds ------------------------------------------------------------------------
 
 
-def test_dropped_steps_do_not_hold_ring_slots(tdir):
+def test_dropped_steps_do_not_hold_ring_slots(table_dir):
     # 2 slots and a 60 s wait for a free one: a third submit behind two unreachable steps would
     # block for 60 s (and then time out) if their slots were not given back
-    with ple.Table(tdir, max_in_flight=2, wait_timeout_us=60_000_000) as t:
+    with ple.Table(table_dir, max_in_flight=2, wait_timeout_us=60_000_000) as t:
         want = t.submit(**TWO).dequant_cpu()
         t.submit(**TWO)  # dropped at once: nothing holds the Step
         s = t.submit(**TWO)
@@ -202,20 +197,20 @@ def test_dropped_steps_do_not_hold_ring_slots(tdir):
             t.submit(**TWO)
         assert time.monotonic() - t0 < 20
     # the same under ring_full_policy "error": no PLE_E_STATE for a full ring
-    with ple.Table(tdir, max_in_flight=1, ring_full_policy="error") as t:
+    with ple.Table(table_dir, max_in_flight=1, ring_full_policy="error") as t:
         for _ in range(4):
             t.submit(**TWO)
 
 
-def test_a_step_held_or_viewed_keeps_its_slot(tdir):
-    with ple.Table(tdir, max_in_flight=2, ring_full_policy="error") as t:
+def test_a_step_held_or_viewed_keeps_its_slot(table_dir):
+    with ple.Table(table_dir, max_in_flight=2, ring_full_policy="error") as t:
         kept = t.submit(**TWO)
         ids = t.ngram_ids(**TWO)
         rows = t.submit(**TWO).packed_rows()  # the view holds its step
         gc.collect()
         with pytest.raises(ple.PleStateError):
             t.submit(**TWO)  # both slots are held: nothing was released
-        np.testing.assert_array_equal(rows, file_rows(tdir, ids))
+        np.testing.assert_array_equal(rows, file_rows(table_dir, ids))
         del rows
         gc.collect()
         t.submit(**TWO).release()  # the view's step went with the view
@@ -223,8 +218,8 @@ def test_a_step_held_or_viewed_keeps_its_slot(tdir):
         kept.release()
 
 
-def test_a_step_consumed_by_seq_is_not_released_again(tdir):
-    with ple.Table(tdir, max_in_flight=1, ring_full_policy="error") as t:
+def test_a_step_consumed_by_seq_is_not_released_again(table_dir):
+    with ple.Table(table_dir, max_in_flight=1, ring_full_policy="error") as t:
         seq = t.submit(**TWO).seq  # the Step is dropped here: released before the next submit
         got = t.submit(**TWO, seq=seq + 1)
         with pytest.raises(ple.PleStateError):
@@ -235,13 +230,13 @@ def test_a_step_consumed_by_seq_is_not_released_again(tdir):
         t.submit(**TWO).release()
 
 
-def test_closing_releases_every_step(tdir):
-    t = ple.Table(tdir, max_in_flight=2)
+def test_closing_releases_every_step(table_dir):
+    t = ple.Table(table_dir, max_in_flight=2)
     steps = [t.submit(**TWO), t.submit(**TWO)]
     t.close()
     del steps  # their table is closed: dropping them releases nothing and raises nothing
     gc.collect()
-    with ple.Table(tdir, max_in_flight=2, ring_full_policy="error") as t2:  # a fresh handle
+    with ple.Table(table_dir, max_in_flight=2, ring_full_policy="error") as t2:  # a fresh handle
         t2.submit(**TWO), t2.submit(**TWO)
 
 

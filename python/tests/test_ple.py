@@ -18,23 +18,10 @@ import pytest
 import ple
 from ple import _arrays, _lib
 
-SEED, BASE, SHARDS = 3, 2000, 4
+from conftest import BASE, SEED, SHARDS
+from conftest import ple_bin as _ple_bin
+
 H, D = 16, 2560
-
-
-def _ple_bin() -> str:
-    b = os.environ.get("PLE_BIN") or shutil.which("ple")
-    if not b or not os.access(b, os.X_OK):
-        pytest.fail("the tests make their tables with the ple CLI: set PLE_BIN=<path to ple>")
-    return b
-
-
-@pytest.fixture(scope="session")
-def table_dir(tmp_path_factory) -> str:
-    d = str(tmp_path_factory.mktemp("t") / "table")
-    args = ["synth-table", d, "--base", str(BASE), "--shards", str(SHARDS), "--seed", str(SEED)]
-    subprocess.run([_ple_bin(), *args], check=True, capture_output=True)
-    return d
 
 
 @pytest.fixture()
