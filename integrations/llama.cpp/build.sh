@@ -6,7 +6,8 @@
 # Leaves:
 #   OUT/src     the patched sources: a git checkout, the pinned tree tagged `upstream`, one commit per
 #               patch (rebase there, then refresh-patches.sh)
-#   OUT/build   the build: bin/libllama.so, bin/llama-completion, bin/llama-bench, bin/ple-fidelity
+#   OUT/build   the build: bin/libllama.so, bin/llama-completion, bin/llama-bench, bin/llama-batched-bench,
+#               bin/ple-fidelity
 #               (the test driver), and bin/llama-cli + bin/llama-server with PLE_LLAMA_SERVER=1
 # Environment:
 #   PLE_PREFIX=DIR      an installed libple (scripts/install.sh DIR) to link; default: install this
@@ -92,7 +93,7 @@ if [ ! -f "$build/CMakeCache.txt" ] || ! grep -q "^CMAKE_PREFIX_PATH:.*=$prefix\
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DGGML_OPENMP=OFF \
     > "$out/configure.log" 2>&1 || { tail -n 40 "$out/configure.log" >&2; exit 1; }
 fi
-targets=(llama llama-completion llama-bench)
+targets=(llama llama-completion llama-bench llama-batched-bench)
 [ "$server" = ON ] && targets+=(llama-cli llama-server)
 log "building ${targets[*]} (log: $out/build.log)"
 cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$out/build.log" 2>&1 ||

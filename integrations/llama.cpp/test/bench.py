@@ -34,6 +34,8 @@ tests = [
     ("prompt 512 tokens", ["-p", "512", "-n", "0"]),
     ("prompt 2048 tokens", ["-p", "2048", "-n", "0"]),
     ("decode, 1 sequence (32 tokens)", ["-p", "0", "-n", "32"]),
+    # llama-batched-bench: 8 sequences, 128-token prompts each, then 32 decode steps of all 8
+    ("decode, 8 sequences (32 steps after 128-token prompts)", None),
 ]
 
 
@@ -56,6 +58,20 @@ def run(args, env):
     return r["avg_ts"], r["stddev_ts"], ru.ru_inblock * 512, ru.ru_maxrss * 1024
 
 
+def run_batched(args, env):
+    """llama-batched-bench (common arguments: -lzm, --ple-table work as in llama-cli); its own -m."""
+    a = [x for x in args if x not in ("-r", "1", "3", "--no-warmup")]
+    p = subprocess.Popen([os.path.join(bin_dir, "llama-batched-bench"), "-t", threads, "-c", "4096", "-b", "2048",
+                          "-ub", "512", "-npp", "128", "-ntg", "32", "-npl", "8", "--output-format", "jsonl", *a],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, **env})
+    out = p.stdout.read().decode()
+    _, status, ru = os.wait4(p.pid, 0)
+    if status != 0:
+        raise SystemExit(f"llama-batched-bench {' '.join(a)} failed ({status})")
+    r = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    return r["speed_tg"], 0.0, ru.ru_inblock * 512, ru.ru_maxrss * 1024
+
+
 ROUNDS = int(os.environ.get("PLE_BENCH_ROUNDS", "3"))
 print(f"load average at start: {os.getloadavg()}", file=sys.stderr)
 for mode in ("cold", "steady"):
@@ -63,11 +79,12 @@ for mode in ("cold", "steady"):
         res = {c[0]: [] for c in configs}
         for _ in range(ROUNDS):  # alternating: every configuration once per round
             for cname, cargs, cenv in configs:
+                go = run if targs is not None else run_batched
                 if mode == "cold":
                     evict()
-                    res[cname].append(run([*cargs, *targs, "-r", "1", "--no-warmup"], cenv))
-                else:
-                    res[cname].append(run([*cargs, *targs, "-r", "3"], cenv))
+                    res[cname].append(go([*cargs, *(targs or []), "-r", "1", "--no-warmup"], cenv))
+                else:  # llama-batched-bench: no warm-up or repetitions, only the page cache is warm
+                    res[cname].append(go([*cargs, *(targs or []), "-r", "3"], cenv))
         for cname, _, _ in configs:
             r = sorted(res[cname])
             ts = [x[0] for x in r]
