@@ -89,14 +89,7 @@ fn steady_bench_replays_a_trace_and_writes_the_plot() {
 #[test]
 fn steady_bench_of_a_shard_sits_beside_the_whole_table() {
     let d = tempfile::tempdir().unwrap();
-    let table = d.path().join("t");
-    ple_testkit::synth::write_table(
-        &table,
-        ple_core::model::RowFormat::Nvfp4,
-        &ple_testkit::synth::small_config(3000, 8),
-        2,
-    )
-    .unwrap();
+    let table = common::small_table(d.path());
     let json = d.path().join("s.json");
     let out = Command::new(env!("CARGO_BIN_EXE_ple"))
         .args([
@@ -139,14 +132,7 @@ fn steady_bench_of_a_shard_sits_beside_the_whole_table() {
 #[test]
 fn steady_bench_runs_every_shard_of_a_group() {
     let d = tempfile::tempdir().unwrap();
-    let table = d.path().join("t");
-    ple_testkit::synth::write_table(
-        &table,
-        ple_core::model::RowFormat::Nvfp4,
-        &ple_testkit::synth::small_config(3000, 8),
-        2,
-    )
-    .unwrap();
+    let table = common::small_table(d.path());
     let json = d.path().join("s.json");
     let out = Command::new(env!("CARGO_BIN_EXE_ple"))
         .args(["bench", "steady", table.to_str().unwrap(), "--shards", "4"])
@@ -189,14 +175,7 @@ fn steady_bench_runs_every_shard_of_a_group() {
 #[test]
 fn steady_subcommand_and_the_old_spelling_run_the_same_benchmark() {
     let d = tempfile::tempdir().unwrap();
-    let table = d.path().join("t");
-    ple_testkit::synth::write_table(
-        &table,
-        ple_core::model::RowFormat::Nvfp4,
-        &ple_testkit::synth::small_config(3000, 8),
-        2,
-    )
-    .unwrap();
+    let table = common::small_table(d.path());
     let t = table.to_str().unwrap();
     let opts = [
         "--requests",

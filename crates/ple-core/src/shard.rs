@@ -74,6 +74,18 @@ impl Heads {
         (0..self.len).map(move |j| first + j * step)
     }
 
+    /// The heads as runs of adjacent ones, in order: one run for contiguous heads (`step` 1), one
+    /// per head otherwise.
+    pub fn runs(&self) -> impl Iterator<Item = Range<usize>> + use<> {
+        let (first, step) = (self.first, self.step);
+        let (n, width) = if step == 1 {
+            (self.len.min(1), self.len)
+        } else {
+            (self.len, 1)
+        };
+        (0..n).map(move |r| first + r * step..first + r * step + width)
+    }
+
     /// The last head plus one (0 for none).
     pub fn end(&self) -> usize {
         if self.len == 0 {
@@ -196,6 +208,9 @@ mod tests {
         );
         assert_eq!(Shard::new(2, 3).unwrap().heads(16).len(), 5);
         assert!(Shard::WHOLE.heads(16).is_all(16));
+        let whole: Vec<Range<usize>> = Shard::WHOLE.heads(16).runs().collect();
+        assert_eq!((whole.len(), whole[0].clone()), (1, 0..16));
+        assert_eq!(h.runs().collect::<Vec<_>>(), [1..2, 5..6, 9..10, 13..14]);
         assert!(!Shard::new(0, 2).unwrap().heads(16).is_all(16));
     }
 

@@ -423,7 +423,7 @@ class Table:
     def _ids(self, ids: ArrayLike) -> Tuple[np.ndarray, int]:
         """`ids` as a C-contiguous ``[num_tokens, num_heads]`` int64 array, and num_tokens."""
         a = _arrays.host_input(ids, np.int64, "ids", max_ndim=2)
-        heads = int(self.info["num_heads"])
+        heads = self.info.num_heads
         if a.ndim != 2 or a.shape[1] != heads:
             raise invalid_argument(f"ids must be a [num_tokens, {heads}] array, got shape {a.shape}")
         if a.shape[0] > U32_MAX:

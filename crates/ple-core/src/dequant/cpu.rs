@@ -387,15 +387,6 @@ pub fn dequant_rows_heads(
             heads.describe()
         );
     }
-    // the shard's columns, as runs of adjacent heads (one run for contiguous heads)
-    let col_runs: Vec<Range<usize>> = if heads.step == 1 {
-        std::iter::once(heads.first * HEAD_DIM..heads.end() * HEAD_DIM).collect()
-    } else {
-        heads
-            .iter()
-            .map(|h| h * HEAD_DIM..(h + 1) * HEAD_DIM)
-            .collect()
-    };
     let tok_bytes = heads.len() * d.row_bytes();
     if stride < PLE_EMBED_DIM {
         return crate::invalid!("out_stride {stride} < {PLE_EMBED_DIM} elements");
@@ -430,7 +421,9 @@ pub fn dequant_rows_heads(
             // accumulate: the shard's columns only (nothing is added to the others)
             mut o if accumulate => {
                 d.token_f32_heads(src, heads, vals);
-                for cols in col_runs.iter().cloned() {
+                // the shard's columns only, a run of adjacent heads at a time
+                for r in heads.runs() {
+                    let cols = r.start * HEAD_DIM..r.end * HEAD_DIM;
                     store(&vals[cols.clone()], o.reborrow().cols(cols), true, tmp);
                 }
             }

@@ -23,6 +23,8 @@ use std::time::Instant;
 struct Rank {
     /// The I/O mode the handle ran with (AUTO resolved).
     io: String,
+    /// The whole table's heads.
+    num_heads: usize,
     heads: String,
     rows: u64,
     reads: u64,
@@ -89,6 +91,7 @@ fn run_rank(a: &SteadyArgs, opts: &OpenOptions, shard: Shard, steps: u64) -> Res
     let d = p.counters().delta(&c0);
     Ok(Rank {
         io: format!("{:?}", p.io_info().mode).to_uppercase(),
+        num_heads: p.num_heads(),
         heads: p.heads().describe(),
         rows: d.prefill_rows + d.decode_rows,
         reads: d.storage_reads,
@@ -161,10 +164,7 @@ pub(super) fn run(a: &SteadyArgs, opts: &OpenOptions, n: u32) -> Result<Value> {
         per_rank as f64 / (1 << 20) as f64,
         ranks[0].io
     );
-    let nh = Pipeline::open(&a.table_dir, OpenOptions::default())?
-        .table()
-        .meta()
-        .num_heads as usize;
+    let nh = ranks[0].num_heads;
     let robin: Vec<Vec<usize>> = (0..n)
         .map(|k| Shard::new(k, n).map(|s| s.heads(nh).iter().collect()))
         .collect::<Result<_>>()?;
