@@ -15,6 +15,8 @@
 #   4. a table with the same hash but other rows loads and changes the logits (the test can fail)
 #   5. a table truncated after the load makes llama_decode return an error; the process goes on
 #   6. llama-completion --ple-table (and LLAMA_ARG_PLE_TABLE) generates the same text as stock
+#   7. `ple pack MODEL.gguf` of the converter's F32 / F16 / BF16 GGUFs gives the checkpoint's rows
+#      (test/gguf_pack.py); its Q8_0 GGUF and a truncated GGUF are refused, leaving no table
 # Needs the torch venv (scripts/torch-venv.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,7 +30,7 @@ py=$("$root/scripts/torch-venv.sh")
 data=$out/test-data
 
 # the model and tables (rebuilt when make_model.py or the ple tool changes)
-stamp=$(cat "$here/test/make_model.py" "$ple" | sha256sum | cut -d' ' -f1)
+stamp=$(cat "$here/test/make_model.py" "$here/test/convert.py" "$ple" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$data/.stamp" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$data"
   "$py" "$here/test/make_model.py" "$out/src" "$ple" "$data" > "$out/make_model.log" 2>&1 ||
@@ -106,4 +108,7 @@ c=$(LLAMA_ARG_PLE_TABLE=$data/table gen) || fail "llama-completion with LLAMA_AR
 grep -q "unused tensor per_layer_token_embd.weight" "$work/gen.err" || fail "LLAMA_ARG_PLE_TABLE was not used"
 [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] || fail "llama-completion: --ple-table generated other text"
 echo "llama.cpp test: llama-completion --ple-table / LLAMA_ARG_PLE_TABLE: the same 16 greedy tokens as stock"
+"$py" "$here/test/gguf_pack.py" "$out/src" "$ple" "$data" "$work/gguf-pack" > "$work/gguf_pack.log" 2>&1 ||
+  { tail -n 20 "$work/gguf_pack.log" >&2; fail "ple pack MODEL.gguf"; }
+grep "^gguf_pack: " "$work/gguf_pack.log" | sed 's/^gguf_pack/llama.cpp test: ple pack GGUF/'
 echo "llama.cpp test: OK"

@@ -26,6 +26,7 @@ src, ple_bin, out = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, src)
 sys.path.insert(0, os.path.join(src, "gguf-py"))
 import gguf  # noqa: E402
+from convert import convert  # noqa: E402
 from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig  # noqa: E402
 
 EOS, BASE, SHARDS = 248044, 2000, 4
@@ -78,35 +79,7 @@ with torch.no_grad():
 hf = os.path.join(out, "hf")
 m.save_pretrained(hf)
 
-# the converter's vocabulary: the tree's Qwen3.5 vocab (151,936 tokens) padded to the model's 248,320
-vocab = gguf.GGUFReader(os.path.join(src, "models", "ggml-vocab-qwen35.gguf"))
-
-
-def field(name):
-    return vocab.fields[name].contents()
-
-
-def set_vocab(self):
-    tokens, types = list(field("tokenizer.ggml.tokens")), list(field("tokenizer.ggml.token_type"))
-    for i in range(len(tokens), cfg.vocab_size):
-        tokens.append(f"[PAD{i}]")
-        types.append(gguf.TokenType.UNUSED)
-    w = self.gguf_writer
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(list(field("tokenizer.ggml.merges")))
-    w.add_eos_token_id(EOS)
-    w.add_pad_token_id(EOS)
-
-
-sys.argv = ["convert_hf_to_gguf.py", hf, "--outtype", "f32", "--outfile", os.path.join(out, "model.gguf")]
-import convert_hf_to_gguf  # noqa: E402
-from conversion.qwen4exp import Qwen4ExpTextModel  # noqa: E402
-
-Qwen4ExpTextModel.set_vocab = set_vocab
-convert_hf_to_gguf.main()
+convert(src, hf, os.path.join(out, "model.gguf"), "f32", cfg.vocab_size, EOS)
 
 # the same GGUF without the PLE table tensor
 r = gguf.GGUFReader(os.path.join(out, "model.gguf"))

@@ -26,7 +26,8 @@ def pack(
     Parameters
     ----------
     checkpoint_dir : str or os.PathLike
-        The checkpoint (safetensors shards and their index).
+        The checkpoint (safetensors shards and their index), or a llama.cpp Qwen4Exp GGUF file
+        whose PLE tensor is F32, F16 or BF16 (docs/FORMAT.md, "GGUF sources").
     out_dir : str or os.PathLike
         The table directory to write.
     force : bool, default False

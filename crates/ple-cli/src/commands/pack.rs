@@ -1,4 +1,4 @@
-//! `ple pack`: a checkpoint's PLE shards into a row-addressable table.
+//! `ple pack`: a checkpoint's PLE shards (or a GGUF's PLE tensor) into a row-addressable table.
 
 use clap::Args;
 use ple_core::error::Result;
@@ -7,7 +7,8 @@ use std::path::PathBuf;
 /// `ple pack <checkpoint_dir> <out_dir> [--force]`
 #[derive(Args, Debug)]
 pub struct PackArgs {
-    /// Checkpoint directory (model.safetensors.index.json + shards, or model.safetensors).
+    /// Checkpoint directory (model.safetensors.index.json + shards, or model.safetensors), or a
+    /// llama.cpp Qwen4Exp GGUF file (F32, F16 or BF16 `per_layer_token_embd`).
     pub checkpoint_dir: PathBuf,
     /// Output table directory.
     pub out_dir: PathBuf,

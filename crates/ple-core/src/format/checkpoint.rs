@@ -146,7 +146,7 @@ fn check_dir(dir: &Path) -> Result<()> {
     non_empty(dir, "checkpoint directory")?;
     if dir.exists() && !dir.is_dir() {
         return Err(Error::Format(format!(
-            "{} is a file; give the checkpoint's directory (holding {INDEX_FILE} or {SINGLE_FILE})",
+            "{} is a file but not a GGUF; give the checkpoint's directory (holding {INDEX_FILE} or {SINGLE_FILE}) or a GGUF file",
             dir.display()
         )));
     }
@@ -462,8 +462,12 @@ fn global_scale(
 
 impl Checkpoint {
     /// Locates and checks the PLE table of the checkpoint in `dir`
-    /// (`docs/FORMAT.md#safetensors-checkpoints`).
+    /// (`docs/FORMAT.md#safetensors-checkpoints`), or of the GGUF file `dir`
+    /// (`docs/FORMAT.md#gguf-sources`).
     pub fn open(dir: &Path) -> Result<Checkpoint> {
+        if dir.is_file() && crate::format::gguf::is_gguf(dir) {
+            return crate::format::gguf_source::open(dir);
+        }
         check_dir(dir)?;
         let (tensors, index) = load_tensors(dir)?;
         let fingerprint = fingerprint(dir)?;

@@ -17,7 +17,7 @@ const FILE_SAMPLES: u64 = 16;
 
 /// Hashes `n` evenly spaced `SAMPLE`-byte blocks of `[start, end)` of `f` (the whole range when
 /// it is smaller than `n` blocks).
-fn hash_samples(
+pub(crate) fn hash_samples(
     h: &mut Sha256,
     f: &std::fs::File,
     path: &Path,

@@ -5,6 +5,8 @@
 pub mod checkpoint;
 pub mod files;
 pub mod fingerprint;
+pub mod gguf;
+pub mod gguf_source;
 mod open;
 pub mod pack;
 pub mod python_table;

@@ -416,7 +416,8 @@ impl WriteBehind {
     }
 }
 
-/// Reusable buffers: one output chunk and, for NVFP4, the codes and scales it is built from.
+/// Reusable buffers: one output chunk and, for NVFP4, the codes and scales it is built from (for
+/// an F16 source, `codes` holds the f16 values widened into `out`).
 struct Chunk {
     rows: u64,
     out: Vec<u8>,
@@ -461,6 +462,22 @@ impl Chunk {
         let nb = n as usize * rb;
         let w = &shard.weight;
         match &shard.scales {
+            // F16 source values (a GGUF) into F32 rows: each f16 widened, exactly
+            None if w.info.dtype == "F16" => {
+                let sb = meta.head_dim as usize * 2;
+                self.codes.resize(n as usize * sb, 0);
+                let c = &mut self.codes[..n as usize * sb];
+                read_at(
+                    src.open(&w.path)?,
+                    &w.path,
+                    c,
+                    w.info.offset + r0 * sb as u64,
+                )?;
+                for (o, h) in self.out[..nb].chunks_exact_mut(4).zip(c.chunks_exact(2)) {
+                    let v = half::f16::from_le_bytes([h[0], h[1]]);
+                    o.copy_from_slice(&v.to_f32().to_le_bytes());
+                }
+            }
             None => read_at(
                 src.open(&w.path)?,
                 &w.path,

@@ -22,6 +22,8 @@ pub enum HashSource {
     Config,
     /// Both present and equal.
     Both,
+    /// A GGUF's `{arch}.ple.*` keys (`docs/FORMAT.md#gguf-sources`).
+    Gguf,
 }
 
 /// Finds one hash tensor: under the PLE module first, else anywhere by its last component.
