@@ -33,7 +33,7 @@ fn bench(c: &mut Criterion) {
         };
         let table = Table::open(d.path(), &Default::default()).unwrap();
         let mut r = Reader::open(table, &opts).unwrap();
-        r.open_cache(&opts).unwrap();
+        r.open_cache().unwrap();
         r.start_pool().unwrap();
         let p = Pipeline::open(d.path(), opts.clone()).unwrap();
         let rb = r.table().row_bytes();

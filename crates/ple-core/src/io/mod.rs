@@ -1,4 +1,6 @@
-//! Getting rows off storage, one folder per mode, the row cache beside them:
+//! Getting rows off storage: [`source`] the one read interface ([`source::RowSource`], a
+//! backend per file, the row cache in front of any); one folder per mode, the row cache beside
+//! them:
 //! - [`mmap`]: MMAP mode — page advice (WILLNEED for a step's page set, residency samples), the
 //!   parallel gather from the mapping, the SIGBUS guard of that copy, the residency cap.
 //! - [`direct`]: DIRECT mode — `O_DIRECT` reads of the rows' sectors over io_uring (or a pread
@@ -9,6 +11,7 @@
 pub mod cache;
 pub mod direct;
 pub mod mmap;
+pub mod source;
 
 // The paths the other crates of the workspace use until they move to the ones above (kept so a
 // parallel change there still builds; nothing in this crate uses them).

@@ -25,9 +25,8 @@
 use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::io::cache::RowCache;
-use crate::io::direct::DirectReader;
 use crate::io::mmap::advice;
-use crate::io::mmap::buffered::BufferedReader;
+use crate::io::source::{ReadReport, RowSource};
 use crate::sync::{self, lock};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -187,46 +186,15 @@ impl Shared {
     }
 }
 
-/// The read-ahead thread's own descriptors.
-enum Source {
-    Direct(DirectReader),
-    Buffered(BufferedReader),
-    Pread,
-}
+/// Stands in for a backend that could not be opened: every batch fails (and is dropped).
+struct Unreadable;
 
-impl Source {
-    fn open(sh: &Shared) -> Source {
-        let t = &sh.reader.table;
-        if sh.reader.direct.is_some() {
-            match DirectReader::open(t.rows_path(), t.row_bytes(), sh.opts.force_pread) {
-                Ok(d) => return Source::Direct(d),
-                Err(e) => log::info!("read-ahead: buffered reads ({e})"),
-            }
-        }
-        match BufferedReader::open(t.rows_path()) {
-            Some(u) => Source::Buffered(u),
-            None => Source::Pread,
-        }
+impl RowSource for Unreadable {
+    fn read(&mut self, _: &[u64], _: &mut [u8]) -> Result<ReadReport> {
+        Err(Error::State("read-ahead has no reader".into()))
     }
-
-    /// Reads rows `ids` into `out` (row `i` at `out[i * rb..]`).
-    fn read(&mut self, sh: &Shared, ids: &[u64], out: &mut [u8]) -> Result<()> {
-        let rb = sh.reader.table.row_bytes();
-        match self {
-            Source::Direct(d) => d.read_rows(ids, out).map(|_| ()),
-            Source::Buffered(u) => u.read_rows(ids, rb, out).map(|_| ()),
-            Source::Pread => {
-                use std::os::unix::fs::FileExt;
-                for (&id, o) in ids.iter().zip(out.chunks_exact_mut(rb)) {
-                    sh.reader
-                        .table
-                        .file()
-                        .read_exact_at(o, id * rb as u64)
-                        .map_err(|e| Error::io(format!("reading row {id} ahead"), e))?;
-                }
-                Ok(())
-            }
-        }
+    fn name(&self) -> &'static str {
+        "none"
     }
 }
 
@@ -278,7 +246,13 @@ fn wait_for_quiet(sh: &Shared, sizer: &BatchSizer) {
 fn ahead_main(sh: Arc<Shared>) {
     lower_priority();
     let rb = sh.reader.table.row_bytes();
-    let mut source = Source::open(&sh);
+    let mut source = match sh.reader.ahead_source.open(&sh.reader.table) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("read-ahead: no reader ({e}); the rows asked are dropped");
+            Box::new(Unreadable)
+        }
+    };
     let mut sizer = BatchSizer::new(AHEAD_BATCH_TARGET, AHEAD_MIN_ROWS, AHEAD_MAX_ROWS);
     let mut batch: Vec<u64> = Vec::with_capacity(AHEAD_MAX_ROWS);
     let mut misses: Vec<u64> = Vec::with_capacity(AHEAD_MAX_ROWS);
@@ -328,7 +302,7 @@ fn ahead_main(sh: Arc<Shared>) {
         let submitted = sh.submitted.load(Acquire);
         #[cfg(test)]
         a.test.read_begins(&sh, submitted, misses.len());
-        let read = source.read(&sh, &misses, out);
+        let read = source.read(&misses, out);
         let submitted_after = sh.submitted.load(Acquire);
         let collided = submitted_after != submitted;
         if collided {
@@ -340,7 +314,7 @@ fn ahead_main(sh: Arc<Shared>) {
         #[cfg(test)]
         a.test.read_ends(submitted_after);
         match read {
-            Ok(()) => {
+            Ok(_) => {
                 // a step submitted meanwhile first: the admissions take shard locks
                 wait_for_steps(&sh);
                 if let Some(c) = &sh.reader.cache {

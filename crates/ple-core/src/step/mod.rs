@@ -18,6 +18,7 @@ mod headroom;
 mod ids;
 pub mod options;
 pub mod pipeline;
+mod plan;
 pub mod reader;
 pub mod reaper;
 mod ring;
@@ -27,7 +28,8 @@ mod worker;
 
 pub use options::{ColdReads, IoMode, OpenOptions, PrefetchPolicy, RingFullPolicy, WaitMode};
 pub use pipeline::Pipeline;
-pub use reader::{IoInfo, ReadScratch, Reader};
+pub use plan::IoInfo;
+pub use reader::{ReadScratch, Reader};
 
 #[cfg(test)]
 mod io_tests;

@@ -28,7 +28,8 @@
 //! semantics) is tested on the CPU; the device side by `ffi-tests/gpu/device-check.sh`.
 
 use super::ahead::{Ahead, queue_cap};
-use super::reader::{IoInfo, Reader};
+use super::plan::IoInfo;
+use super::reader::Reader;
 use super::ring::Completion;
 use super::shared::{PRETOUCH_MAX_BYTES, Shared, Staging, force_slot_by_seq, replays};
 use super::worker::{Job, StepInput, Work, worker_main};
@@ -124,7 +125,7 @@ impl Pipeline {
         // With a GPU the worker gathers into the GPU side's pinned staging instead.
         let cpu_slots = if gpu.is_some() { 0 } else { opts.max_in_flight };
         let staging = cpu_staging(cpu_slots as usize, slot_bytes)?;
-        reader.open_cache(&opts)?;
+        reader.open_cache()?;
         let ahead = Ahead::new(queue_cap(opts.ahead_max_rows, reader.cache.as_ref()));
         let tracker = {
             let m = reader.table.meta();

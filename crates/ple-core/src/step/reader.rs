@@ -7,22 +7,24 @@
 use crate::error::{Error, Result};
 use crate::format::table::Table;
 use crate::io::cache::{self, RowCache};
-use crate::io::direct::{Backend, DirectReader};
+use crate::io::direct::DirectReader;
 use crate::io::mmap::advice::{self, PageSet, PageSetBuilder};
-use crate::io::mmap::buffered::BufferedReader;
 use crate::io::mmap::gather;
+use crate::io::source::{Cached, RowSource};
 use crate::lookup::hash::Hasher;
 use crate::shard::{Heads, Shard};
 use crate::stats::{self, Stats, StepRecord};
-use crate::step::options::{
-    CACHE_AUTO, COLD_READ_MAX_ROWS, ColdReads, IoMode, OpenOptions, PrefetchPolicy,
-};
+use crate::step::options::{IoMode, OpenOptions, PrefetchPolicy};
+use crate::step::plan::{AheadSource, ColdRead, IoInfo, IoPlan};
 use crate::sync::lock;
 use rayon::prelude::*;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
+
+mod mmap;
+mod pool;
+use mmap::ADVISE_BEFORE_STEP;
 
 /// Steps with at least this many tokens are hashed in parallel on the pool.
 const PARALLEL_HASH_MIN_TOKENS: usize = 1024;
@@ -48,8 +50,10 @@ pub struct Reader {
     pub(super) cache: Option<RowCache>,
     /// DIRECT with a cache: where a big step's lookups run (measured).
     placement: cache::Placement,
-    /// Its `cache_bytes` (AUTO resolved; 0: no cache).
+    /// The plan's `cache_bytes` (AUTO resolved); 0 once [`Reader::open_cache`] made none.
     cache_budget: u64,
+    /// Whether `cache_budget` came from AUTO.
+    cache_auto: bool,
     /// DIRECT mode's reader (None: MMAP mode). The lock is uncontended (one reading thread).
     pub(super) direct: Option<Mutex<DirectReader>>,
     /// MMAP mode: how steps of at most `COLD_READ_MAX_ROWS` rows whose pages are not cached
@@ -57,16 +61,18 @@ pub struct Reader {
     cold: ColdRead,
     /// MMAP with `resident_bytes_max`: the table's residency cap and its trim thread's state.
     residency: Option<super::trim::Trim>,
+    /// The backend read-ahead's thread opens.
+    pub(super) ahead_source: AheadSource,
 }
 
 impl Reader {
     /// The reader of `table` for `opts` (`io_mode`, `cold_reads`, `cache_bytes`,
-    /// `resident_bytes_max`, `shard`, `prefetch_*`, `num_threads`). Starts no thread: call
-    /// [`Reader::start_pool`] before reading.
+    /// `resident_bytes_max`, `shard`, `prefetch_*`, `num_threads`): the I/O plan is resolved
+    /// here ([`IoPlan::resolve`]). Starts no thread and creates no row cache: call
+    /// [`Reader::start_pool`] and [`Reader::open_cache`] before reading.
     pub fn open(table: Table, opts: &OpenOptions) -> Result<Reader> {
         let hasher = Hasher::new(table.hash_params())?;
-        let direct = open_direct(&table, opts)?.map(Mutex::new);
-        let cold = ColdRead::open(&table, opts, direct.is_some());
+        let plan = IoPlan::resolve(&table, opts)?;
         if table.meta().num_heads as usize != crate::model::NUM_HEADS {
             return Err(Error::Unsupported(format!(
                 "tables with {} heads",
@@ -74,13 +80,6 @@ impl Reader {
             )));
         }
         let (heads, head_starts) = shard_rows(&table, opts.shard)?;
-        // MMAP only: DIRECT reads bypass the page cache
-        let residency = (opts.resident_bytes_max > 0 && direct.is_none()).then(|| {
-            super::trim::Trim::new(crate::io::mmap::residency::ResidencyCap::new(
-                table.bytes(),
-                opts.resident_bytes_max,
-            ))
-        });
         Ok(Reader {
             table,
             hasher,
@@ -92,37 +91,43 @@ impl Reader {
             pool: None,
             pool_threads: Arc::default(),
             cache: None,
-            cache_budget: 0,
+            cache_budget: plan.cache_bytes,
+            cache_auto: plan.cache_auto,
             placement: cache::Placement::default(),
-            direct,
-            cold,
-            residency,
+            direct: plan.direct.map(Mutex::new),
+            cold: plan.cold,
+            residency: plan.residency.map(super::trim::Trim::new),
+            ahead_source: plan.ahead,
         })
     }
 
-    /// Creates the row cache `opts.cache_bytes` asks for (AUTO resolved for the I/O mode; AUTO
+    /// Creates the row cache of the plan's `cache_bytes` (AUTO resolved for the I/O mode; AUTO
     /// with almost no memory free: none).
-    pub fn open_cache(&mut self, opts: &OpenOptions) -> Result<()> {
-        let cache_bytes = opts.cache_bytes_for(self.direct.is_some());
-        self.cache = match cache_bytes {
+    pub fn open_cache(&mut self) -> Result<()> {
+        self.cache = match self.cache_budget {
             0 => None,
             b => match RowCache::new(b, self.table.row_bytes()) {
                 Ok(c) => Some(c),
                 // AUTO on a machine with almost no memory free: no cache
-                Err(Error::InvalidArgument(_)) if opts.cache_bytes == CACHE_AUTO => None,
+                Err(Error::InvalidArgument(_)) if self.cache_auto => None,
                 Err(Error::InvalidArgument(m)) => {
                     return Err(Error::InvalidArgument(format!("options.{m}")));
                 }
                 Err(e) => return Err(e),
             },
         };
-        self.cache_budget = if self.cache.is_some() { cache_bytes } else { 0 };
+        if self.cache.is_none() {
+            self.cache_budget = 0;
+        }
         Ok(())
     }
 
     /// Starts the gather pool of `num_threads` threads (0: one per CPU).
     pub fn start_pool(&mut self) -> Result<()> {
-        self.pool = Some(start_pool(self.num_threads, self.pool_threads.clone())?);
+        self.pool = Some(pool::start_pool(
+            self.num_threads,
+            self.pool_threads.clone(),
+        )?);
         Ok(())
     }
 
@@ -286,189 +291,6 @@ impl Reader {
         Ok(())
     }
 
-    /// MMAP: whether the step takes page advice (`PrefetchPolicy`; AUTO: at least
-    /// `prefetch_min_rows` rows, unless a residency sample finds their pages cached; never
-    /// through the row cache), and whether its rows are cold (what decides if a [`ColdRead`] may
-    /// read them past the page cache).
-    fn advice_decision(&self, s: &ReadScratch) -> Advice {
-        let rb = self.table.row_bytes();
-        let resident = |k: usize| advice::sample_resident(self.table.bytes(), &s.ids, rb, k);
-        match self.prefetch_policy {
-            _ if self.cache.is_some() => Advice::No,
-            PrefetchPolicy::Never => Advice::No,
-            // every step; only one a cold reader would read needs the sample
-            PrefetchPolicy::Always => {
-                if self.cold_read_applies(s.ids.len()) && resident(advice::sample_size(s.ids.len()))
-                {
-                    Advice::Cached
-                } else {
-                    Advice::Cold
-                }
-            }
-            // warm streak: one probe (about 1 µs); after a step that read storage, the full
-            // sample, so a partly cached step is caught
-            PrefetchPolicy::Auto
-                if s.ids.len() >= self.prefetch_min_rows as usize
-                    && !resident(if s.storage_recently {
-                        advice::sample_size(s.ids.len())
-                    } else {
-                        1
-                    }) =>
-            {
-                Advice::Cold
-            }
-            PrefetchPolicy::Auto => Advice::No,
-        }
-    }
-
-    /// MMAP mode: the page-advice decision and the gather of `s.ids` (hashed at `t1`) into the
-    /// step's slot.
-    fn gather_mmap(
-        &self,
-        s: &mut ReadScratch,
-        staging: &mut [u8],
-        mut rec: StepRecord,
-        t1: Instant,
-        cancelled: &dyn Fn() -> bool,
-    ) -> Result<StepRecord> {
-        let rb = self.table.row_bytes();
-
-        // page-advice decision (AUTO: steps of at least `prefetch_min_rows` rows, decode steps
-        // included, unless a residency sample finds their pages cached) and, when advising, the
-        // step's sorted page ranges. Steps without advice count their distinct pages after they
-        // are published (off the critical path).
-        let decision = self.advice_decision(s);
-        let advise = decision != Advice::No;
-        if advise {
-            s.pages_builder.build(&s.ids, rb, &mut s.pages);
-            rec.unique_pages = s.pages.len() as u64;
-        } else {
-            s.count_pages_later = true;
-        }
-        check_cancelled(cancelled)?;
-        let t2 = Instant::now();
-        rec.prefetch_ns = stats::ns(t2 - t1);
-        check_cancelled(cancelled)?;
-        // (the worker thread's faults are counted once per step, after publishing; here only
-        // the storage reads the advice started)
-        let issue = |ranges: &[advice::PageRange]| {
-            let n = advice::willneed(self.table.file(), self.table.bytes(), ranges)?;
-            let io = stats::IoDelta {
-                read_bytes: stats::thread_read_bytes_delta(),
-                ..Default::default()
-            };
-            Ok((n, io))
-        };
-        let pool = self.pool();
-        if let Some(c) = &self.cache {
-            // Row cache seam: cached rows are copied from the cache, misses read from the
-            // mapping (and inserted); no page advice. DIRECT mode replaces the miss path.
-            let g = cache::gather_cached(c, self.table.bytes(), &s.ids, staging, Some(pool))?;
-            rec.io.add(g.io);
-            rec.cache_hits = g.hits;
-            rec.cache_misses = g.misses;
-            rec.gather_ns = stats::ns(t2.elapsed());
-        } else if advise {
-            rec.prefetched = true;
-            rec.storage_reads = s.pages.ranges.len() as u64;
-            if decision == Advice::Cold && self.cold_read(s, staging, &mut rec)? {
-                rec.gather_ns = stats::ns(t2.elapsed());
-            } else if s.ids.len() >= gather::PARALLEL_MIN_ROWS && pool.current_num_threads() > 1 {
-                let r = gather::gather_overlapped(
-                    self.table.bytes(),
-                    rb,
-                    &s.ids,
-                    staging,
-                    pool,
-                    &s.pages,
-                    issue,
-                )?;
-                rec.pages_prefetched = r.pages_issued;
-                rec.io.add(r.issue_io);
-                rec.io.add(r.gather_io);
-                rec.prefetch_ns += stats::ns(r.issue_time);
-                rec.gather_ns = stats::ns(t2.elapsed().saturating_sub(r.issue_time));
-            } else {
-                let (n, io) = issue(&s.pages.ranges)?;
-                rec.pages_prefetched = n;
-                rec.io.add(io);
-                let t3 = Instant::now();
-                rec.prefetch_ns += stats::ns(t3 - t2);
-                rec.io.add(gather::gather(
-                    self.table.bytes(),
-                    rb,
-                    &s.ids,
-                    staging,
-                    Some(pool),
-                )?);
-                rec.gather_ns = stats::ns(t3.elapsed());
-            }
-        } else {
-            // A big step gathers on the pool while this thread counts its distinct pages; a
-            // small one counts them after it is published (off the step's latency).
-            let big = gather::runs_on_pool(s.ids.len(), pool);
-            let ReadScratch {
-                ids, pages_builder, ..
-            } = &mut *s;
-            let (io, pages) =
-                gather::gather_with(self.table.bytes(), rb, ids, staging, Some(pool), || {
-                    big.then(|| pages_builder.count_unique(ids, rb))
-                })?;
-            rec.io.add(io);
-            if let Some(n) = pages {
-                rec.unique_pages = n as u64;
-                s.count_pages_later = false;
-            }
-            rec.gather_ns = stats::ns(t2.elapsed());
-        }
-        Ok(rec)
-    }
-
-    /// MMAP: reads a cold advised step's rows past the mapping into `staging` when the
-    /// handle has a [`ColdRead`] and the step is small enough; false when the step is left to
-    /// WILLNEED and the gather.
-    fn cold_read(
-        &self,
-        s: &mut ReadScratch,
-        staging: &mut [u8],
-        rec: &mut StepRecord,
-    ) -> Result<bool> {
-        let rb = self.table.row_bytes();
-        if !self.cold_read_applies(s.ids.len()) {
-            return Ok(false);
-        }
-        match &self.cold {
-            ColdRead::Direct(d) => {
-                // the rows' sectors read into the slot, all in flight; their pages are advised
-                // when the worker is next idle (`advise_pending`)
-                let r = lock(d).read_rows(&s.ids, staging)?;
-                stats::thread_read_bytes_delta(); // (the reads' bytes, counted here)
-                rec.storage_reads = r.reads;
-                rec.io.read_bytes += r.bytes;
-                if s.advice.len() < MAX_PENDING_ADVICE {
-                    s.advice.extend_from_slice(&s.pages.ranges);
-                }
-                Ok(true)
-            }
-            ColdRead::Buffered(u) => {
-                // the rows read through the page cache straight into the slot, all in flight
-                // at once: no fault, and cached rows cost no storage read
-                lock(u).read_rows(&s.ids, rb, staging)?;
-                rec.pages_prefetched = s.pages.len() as u64;
-                rec.io.read_bytes += stats::thread_read_bytes_delta();
-                Ok(true)
-            }
-            ColdRead::None => Ok(false),
-        }
-    }
-
-    /// Whether a cold step of `rows` rows is read by the handle's [`ColdRead`] (it has one,
-    /// and the step is at most [`COLD_READ_MAX_ROWS`]) rather than left to WILLNEED and the
-    /// gather.
-    fn cold_read_applies(&self, rows: usize) -> bool {
-        !matches!(self.cold, ColdRead::None) && rows <= COLD_READ_MAX_ROWS
-    }
-
     /// DIRECT mode's read of the step's rows (`s.ids`, hashed at `t1`) into its slot.
     fn read_direct(
         &self,
@@ -478,52 +300,24 @@ impl Reader {
         mut rec: StepRecord,
         t1: Instant,
     ) -> Result<StepRecord> {
-        let r = if let Some(c) = &self.cache {
+        let mut d = lock(d);
+        let r = match &self.cache {
             // the row cache in front of the direct reads: only the rows it misses are read
-            let (r, hits) = cache::read_through(
-                c,
-                &s.ids,
-                staging,
-                &mut s.read_through,
-                cache::Lookups::Measured(self.pool(), &self.placement),
-                |m, o| lock(d).read_rows(m, o),
-            )?;
-            rec.cache_hits = hits;
-            rec.cache_misses = s.ids.len() as u64 - hits;
-            r.unwrap_or_default()
-        } else {
-            lock(d).read_rows(&s.ids, staging)?
+            Some(c) => {
+                let lookups = cache::Lookups::Measured(self.pool(), &self.placement);
+                Cached::new(c, &mut *d, &mut s.read_through, lookups).read(&s.ids, staging)?
+            }
+            None => d.read(&s.ids, staging)?,
         };
+        if self.cache.is_some() {
+            rec.cache_hits = r.hits;
+            rec.cache_misses = s.ids.len() as u64 - r.hits;
+        }
         rec.storage_reads = r.reads;
         rec.io.read_bytes += r.bytes;
         s.count_pages_later = true;
         rec.gather_ns = stats::ns(t1.elapsed());
         Ok(rec)
-    }
-
-    /// Called when the caller is idle after steps whose rows were read directly (MMAP,
-    /// `ColdRead::Direct`): WILLNEED for their pages, so the page cache warms as a gather
-    /// would have left it — off every step's latency, and after the waiter of the last step had
-    /// the worker's spin to wake up in (on a small machine the advice would take its CPU). The
-    /// storage it reads is counted in the handle's counters directly. A failure only loses the
-    /// warming.
-    pub fn idle(&self, s: &mut ReadScratch, stats: &Stats) {
-        if s.advice.is_empty() {
-            return;
-        }
-        stats::thread_read_bytes_delta();
-        match advice::willneed(self.table.file(), self.table.bytes(), &s.advice) {
-            Ok(n) => {
-                let st = stats;
-                st.pages_prefetched.fetch_add(n, Ordering::Relaxed);
-                st.storage_reads
-                    .fetch_add(s.advice.len() as u64, Ordering::Relaxed);
-                st.storage_read_bytes
-                    .fetch_add(stats::thread_read_bytes_delta(), Ordering::Relaxed);
-            }
-            Err(e) => log::debug!("WILLNEED after direct-read steps: {e}"),
-        }
-        s.advice.clear();
     }
 
     /// MMAP with a residency cap: marks the pages of `ids` used and, over the cap, has the
@@ -576,7 +370,7 @@ impl Reader {
 }
 
 /// Fails with `Error::State` once `cancelled()` (the handle is closing).
-fn check_cancelled(cancelled: &dyn Fn() -> bool) -> Result<()> {
+pub(super) fn check_cancelled(cancelled: &dyn Fn() -> bool) -> Result<()> {
     if cancelled() {
         Err(Error::State(
             "the handle was closed while the step ran".into(),
@@ -584,16 +378,6 @@ fn check_cancelled(cancelled: &dyn Fn() -> bool) -> Result<()> {
     } else {
         Ok(())
     }
-}
-
-/// MMAP: a step's page-advice decision ([`Reader::advice_decision`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Advice {
-    No,
-    /// Advise, the pages sampled cached (ALWAYS): WILLNEED, then the gather from memory.
-    Cached,
-    /// Advise, the pages not cached (or not sampled).
-    Cold,
 }
 
 /// Buffers a [`Reader`] keeps between steps (one per thread that reads steps).
@@ -610,127 +394,6 @@ pub struct ReadScratch {
     read_through: cache::ReadThroughScratch,
     /// MMAP: page ranges of rows read directly, to advise WILLNEED when the worker is idle.
     advice: Vec<advice::PageRange>,
-}
-
-/// Most page ranges waiting to be advised (beyond it the advice is dropped: those rows are read
-/// directly again the next time).
-const MAX_PENDING_ADVICE: usize = 1 << 16;
-/// Page ranges waiting to be advised that make the worker advise them before its next step even
-/// though it has not been idle (steps submitted back to back): about 1 ms of advice, so the page
-/// cache still warms under steady load.
-const ADVISE_BEFORE_STEP: usize = 512;
-
-/// The I/O mode a handle runs with (AUTO resolved) and how its reads are issued.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IoInfo {
-    /// `IoMode::Mmap` or `IoMode::Direct`.
-    pub mode: IoMode,
-    /// DIRECT's backend; None in MMAP mode.
-    pub backend: Option<Backend>,
-    /// Bytes of the row cache (`cache_bytes`, AUTO resolved; 0: none).
-    pub cache_bytes: u64,
-}
-
-/// MMAP mode's cold read: how a small step whose pages are not cached reads its rows (see
-/// [`ColdReads`]).
-pub(super) enum ColdRead {
-    Direct(Mutex<DirectReader>),
-    Buffered(Mutex<BufferedReader>),
-    /// WILLNEED and the gather (also DIRECT mode and PREFETCH_NEVER, which have no use for one).
-    None,
-}
-
-impl ColdRead {
-    /// The cold read `opts.cold_reads` asks for, falling back where the kernel refuses it:
-    /// sector reads need `O_DIRECT` and io_uring (never a pread pool), buffered reads io_uring.
-    fn open(table: &Table, opts: &OpenOptions, direct_mode: bool) -> ColdRead {
-        if direct_mode || opts.prefetch_policy == PrefetchPolicy::Never {
-            return ColdRead::None;
-        }
-        if opts.cold_reads == ColdReads::Direct {
-            match DirectReader::open_uring_only(table.rows_path(), table.row_bytes()) {
-                Ok(d) => return ColdRead::Direct(Mutex::new(d)),
-                Err(e) => log::info!("MMAP cold reads: buffered ({e})"),
-            }
-        }
-        if opts.cold_reads != ColdReads::Willneed {
-            if let Some(u) = BufferedReader::open(table.rows_path()) {
-                return ColdRead::Buffered(Mutex::new(u));
-            }
-        }
-        ColdRead::None
-    }
-}
-
-/// Opens the DIRECT reader `opts.io_mode` asks for: MMAP → none; DIRECT → the reader or its
-/// error (`Unsupported` on tmpfs); AUTO → the reader when the row file is larger than the
-/// machine's memory and direct I/O works on it, else none. Without the SIGBUS handler
-/// (`opts.sigbus_handler` false) only DIRECT can read: AUTO opens it, MMAP is `Unsupported`.
-fn open_direct(table: &Table, opts: &OpenOptions) -> Result<Option<DirectReader>> {
-    let open = || DirectReader::open(table.rows_path(), table.row_bytes(), opts.force_pread);
-    if !opts.sigbus_handler {
-        const WHY: &str = "options.sigbus_handler is 0, and only DIRECT mode reads rows without \
-                           libple's SIGBUS handler (MMAP copies them from the mapping)";
-        return match opts.io_mode {
-            IoMode::Mmap => Err(Error::Unsupported(format!(
-                "io_mode MMAP: {WHY}; open with io_mode DIRECT or AUTO, or allow the handler"
-            ))),
-            IoMode::Direct | IoMode::Auto => match open() {
-                Ok(r) => Ok(Some(r)),
-                Err(Error::Unsupported(m)) => Err(Error::Unsupported(format!("{m}; {WHY}"))),
-                Err(e) => Err(e),
-            },
-        };
-    }
-    match opts.io_mode {
-        IoMode::Mmap => Ok(None),
-        IoMode::Direct => open().map(Some),
-        IoMode::Auto => {
-            let mem = stats::mem_total_bytes();
-            if mem == 0 || (table.bytes().len() as u64) <= mem {
-                return Ok(None);
-            }
-            match open() {
-                Ok(r) => Ok(Some(r)),
-                Err(e) => {
-                    log::info!("AUTO io mode: MMAP ({e})");
-                    Ok(None)
-                }
-            }
-        }
-    }
-}
-
-/// The handle's gather pool of `num_threads` threads (0: one per CPU); their join handles go to
-/// `handles` (joined by `Drop`).
-fn start_pool(
-    num_threads: u32,
-    handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
-) -> Result<rayon::ThreadPool> {
-    let threads = match num_threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n as usize,
-    };
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("ple-pool-{i}"))
-        .start_handler(|_| {
-            stats::thread_read_bytes_delta();
-        })
-        .exit_handler(|_| stats::close_thread_io())
-        .spawn_handler(move |t| {
-            let mut b = std::thread::Builder::new();
-            if let Some(name) = t.name() {
-                b = b.name(name.to_owned());
-            }
-            if let Some(size) = t.stack_size() {
-                b = b.stack_size(size);
-            }
-            lock(&handles).push(b.spawn(|| t.run())?);
-            Ok(())
-        })
-        .build()
-        .map_err(|e| Error::io("starting the gather pool", std::io::Error::other(e)))
 }
 
 /// The heads a handle opened as `shard` serves and where each head's rows start in the row file:

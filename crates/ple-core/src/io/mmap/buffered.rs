@@ -18,11 +18,12 @@ pub struct BufferedReader {
     scratch: AlignedBuf,
     reqs: Vec<ReadReq>,
     res: Vec<i32>,
+    row_bytes: usize,
 }
 
 impl BufferedReader {
-    /// A reader of the file at `path`; None where io_uring is refused.
-    pub fn open(path: &std::path::Path) -> Option<BufferedReader> {
+    /// A reader of rows of `row_bytes` of the file at `path`; None where io_uring is refused.
+    pub fn open(path: &std::path::Path, row_bytes: usize) -> Option<BufferedReader> {
         let file = std::fs::File::open(path).ok()?;
         crate::sys::fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM).ok()?;
         let ring = Box::new(
@@ -40,15 +41,17 @@ impl BufferedReader {
             scratch,
             reqs: Vec::new(),
             res: Vec::new(),
+            row_bytes,
         })
     }
 
-    /// Reads rows `ids` (of `rb` bytes) through the page cache into
+    /// Reads rows `ids` through the page cache into
     /// `out` (row `i` at `out[i * rb..]`), all in flight at once: cached rows are copied by the
     /// kernel at submission, the others read (their pages then stay cached, as a fault would have
     /// left them). No page of the mapping is touched, so nothing can fault. A failed or short read
     /// (the file shorter than the table) is `Error::Io` naming the row. Returns the reads issued.
-    pub fn read_rows(&mut self, ids: &[u64], rb: usize, out: &mut [u8]) -> Result<u64> {
+    pub fn read_rows(&mut self, ids: &[u64], out: &mut [u8]) -> Result<u64> {
+        let rb = self.row_bytes;
         assert!(out.len() >= ids.len() * rb, "output holds the rows");
         self.scratch.reserve(ids.len() * rb)?;
         self.reqs.clear();
@@ -86,6 +89,22 @@ impl BufferedReader {
     /// The descriptor the reads go through.
     pub fn file(&self) -> &std::fs::File {
         &self.file
+    }
+}
+
+impl crate::io::source::RowSource for BufferedReader {
+    /// [`BufferedReader::read_rows`]; the bytes are those asked for (how many came from storage
+    /// rather than the page cache shows in the thread's I/O accounting).
+    fn read(&mut self, ids: &[u64], out: &mut [u8]) -> Result<crate::io::source::ReadReport> {
+        Ok(crate::io::source::ReadReport {
+            reads: self.read_rows(ids, out)?,
+            bytes: (ids.len() * self.row_bytes) as u64,
+            hits: 0,
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "buffered io_uring"
     }
 }
 

@@ -16,7 +16,7 @@ fn reader(dir: &std::path::Path, f: impl FnOnce(&mut OpenOptions)) -> Result<Rea
     f(&mut o);
     let table = Table::open(dir, &Default::default())?;
     let mut r = Reader::open(table, &o)?;
-    r.open_cache(&o)?;
+    r.open_cache()?;
     r.start_pool()?;
     Ok(r)
 }
