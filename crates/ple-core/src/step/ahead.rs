@@ -22,14 +22,18 @@
 //! the queue holds at most `cap` rows, the oldest dropped beyond it; once the queue is drained,
 //! `ahead_asked = ahead_read + ahead_dropped + ahead_cached`.
 
-use super::shared::Shared;
+use super::gate::StepGate;
+use super::plan::AheadSource;
+use super::trim::Trim;
 use crate::error::{Error, Result};
+use crate::format::table::Table;
 use crate::io::cache::RowCache;
 use crate::io::mmap::advice;
 use crate::io::source::{ReadReport, RowSource};
+use crate::stats::Stats;
 use crate::sync::{self, lock};
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -54,6 +58,8 @@ pub(super) struct Ahead {
     pub(super) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The steps' cadence (every submit records itself): when the reader keeps quiet.
     pub(super) cadence: Cadence,
+    /// DIRECT mode without a row cache: read rows would have nowhere to go.
+    nowhere: bool,
     #[cfg(test)]
     pub(super) test: TestReader,
 }
@@ -86,8 +92,11 @@ struct Queue {
 }
 
 impl Ahead {
-    pub(super) fn new(cap: usize) -> Ahead {
+    /// A queue of at most `cap` rows; `nowhere`: DIRECT mode without a row cache (every row
+    /// asked counts as dropped).
+    pub(super) fn new(cap: usize, nowhere: bool) -> Ahead {
         Ahead {
+            nowhere,
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
             cap: cap.max(1),
@@ -115,71 +124,80 @@ pub(super) fn queue_cap(max_rows: u64, cache: Option<&RowCache>) -> usize {
     }
 }
 
-impl Shared {
+/// What the read-ahead runner reads with and writes to: the handles it uses, never the
+/// pipeline's shared state.
+pub(super) struct Runner {
+    pub(super) table: Arc<Table>,
+    /// The backend it opens for itself (the plan's).
+    pub(super) source: AheadSource,
+    /// Where read rows go (else the page cache, which the reads themselves fill).
+    pub(super) cache: Option<Arc<RowCache>>,
+    /// MMAP with a residency cap: rows read into the page cache are marked there.
+    pub(super) residency: Option<Arc<Trim>>,
+    pub(super) gate: Arc<StepGate>,
+    pub(super) stats: Arc<Stats>,
+}
+
+impl Ahead {
     /// Queues `ids` (hashed, checked) for the reader, dropping the oldest queued rows beyond the
     /// bound; DIRECT mode without a row cache has nowhere to put rows: all count as dropped.
-    pub(super) fn queue_ahead(self: &Arc<Self>, ids: &[u64]) -> Result<()> {
-        let st = &self.stats;
+    /// The reader thread starts on the first call, with the handles `runner` gives.
+    pub(super) fn queue(
+        self: &Arc<Self>,
+        ids: &[u64],
+        st: &Stats,
+        runner: impl FnOnce() -> Runner,
+    ) -> Result<()> {
         let n = ids.len() as u64;
-        if self.reader.direct.is_some() && self.reader.cache.is_none() {
+        if self.nowhere {
             st.ahead_asked.fetch_add(n, Relaxed);
             st.ahead_dropped.fetch_add(n, Relaxed);
             return Ok(());
         }
-        self.start_ahead()?;
-        let a = &self.ahead;
-        let mut q = lock(&a.q);
+        self.start(runner)?;
+        let mut q = lock(&self.q);
         if q.stop {
             return Err(Error::State("the handle is closing".into()));
         }
         // counted under the queue's lock, so a drained queue always balances
         st.ahead_asked.fetch_add(n, Relaxed);
-        let keep = &ids[ids.len().saturating_sub(a.cap)..];
-        let over = (q.rows.len() + keep.len()).saturating_sub(a.cap);
+        let keep = &ids[ids.len().saturating_sub(self.cap)..];
+        let over = (q.rows.len() + keep.len()).saturating_sub(self.cap);
         q.rows.drain(..over);
         st.ahead_dropped
             .fetch_add(over as u64 + (ids.len() - keep.len()) as u64, Relaxed);
         q.rows.extend(keep);
         drop(q);
-        a.cv.notify_one();
+        self.cv.notify_one();
         Ok(())
     }
 
-    fn start_ahead(self: &Arc<Self>) -> Result<()> {
-        let mut t = lock(&self.ahead.thread);
+    fn start(self: &Arc<Self>, runner: impl FnOnce() -> Runner) -> Result<()> {
+        let mut t = lock(&self.thread);
         if t.is_none() {
-            let sh = self.clone();
+            let (a, r) = (self.clone(), runner());
             *t = Some(
                 std::thread::Builder::new()
                     .name("ple-ahead".into())
-                    .spawn(move || ahead_main(sh))
+                    .spawn(move || ahead_main(&a, r))
                     .map_err(|e| Error::io("starting the read-ahead thread", e))?,
             );
         }
         Ok(())
     }
 
-    /// Worker, after a step's cache lookups: counts the rows read ahead that they found for
-    /// the first time as `ahead_hits`.
-    pub(super) fn count_ahead_hits(&self) {
-        if let Some(c) = &self.reader.cache {
-            let hits = c.take_ahead_hits();
-            if hits > 0 {
-                self.stats.ahead_hits.fetch_add(hits, Relaxed);
-            }
-        }
+    /// Takes the reader thread (to join it).
+    pub(super) fn take_thread(&self) -> Option<std::thread::JoinHandle<()>> {
+        lock(&self.thread).take()
     }
+}
 
-    /// Whether a step was submitted and is not yet done.
-    fn step_pending(&self) -> bool {
-        self.submitted.load(Acquire) > self.completion.done()
-    }
-
+impl Runner {
     /// Whether row `id` is in the tier read-ahead fills (the row cache; else the page cache,
     /// the page of the row's first byte).
-    fn ahead_cached(&self, id: u64) -> bool {
-        let t = &self.reader.table;
-        match &self.reader.cache {
+    fn cached(&self, id: u64) -> bool {
+        let t = &self.table;
+        match &self.cache {
             Some(c) => c.contains(id),
             None => advice::sample_resident(t.bytes(), &[id], t.row_bytes(), 1),
         }
@@ -209,8 +227,8 @@ fn lower_priority() {
 }
 
 /// Waits while a submitted step is not done (or until the handle closes).
-fn wait_for_steps(sh: &Shared) {
-    while sh.step_pending() && !sh.completion.closing() {
+fn wait_for_steps(g: &StepGate) {
+    while g.step_pending() && !g.closing() {
         std::thread::sleep(STEP_POLL);
     }
 }
@@ -221,32 +239,33 @@ fn wait_for_steps(sh: &Shared) {
 /// thread that waits for it, while the window's end comes after a step that came on time (the
 /// slack covers the step). The sleep is on the queue's condition variable, which a stop
 /// signals (and a new read-ahead, after which the window is looked at again).
-fn wait_for_quiet(sh: &Shared, sizer: &BatchSizer) {
+fn wait_for_quiet(a: &Ahead, g: &StepGate, sizer: &BatchSizer) {
     loop {
-        wait_for_steps(sh);
+        wait_for_steps(g);
         let Some(batch) = sizer.batch_time() else {
             return;
         };
         let now = Instant::now();
-        let Some(until) = sh.ahead.cadence.quiet_until(now, batch) else {
+        let Some(until) = a.cadence.quiet_until(now, batch) else {
             return;
         };
-        let q = lock(&sh.ahead.q);
-        if q.stop || sh.completion.closing() {
+        let q = lock(&a.q);
+        if q.stop || g.closing() {
             return;
         }
         drop(sync::wait_timeout(
-            &sh.ahead.cv,
+            &a.cv,
             q,
             until.saturating_duration_since(now),
         ));
     }
 }
 
-fn ahead_main(sh: Arc<Shared>) {
+fn ahead_main(a: &Ahead, r: Runner) {
     lower_priority();
-    let rb = sh.reader.table.row_bytes();
-    let mut source = match sh.reader.ahead_source.open(&sh.reader.table) {
+    let rb = r.table.row_bytes();
+    let g = &*r.gate;
+    let mut source = match r.source.open(&r.table) {
         Ok(s) => s,
         Err(e) => {
             log::warn!("read-ahead: no reader ({e}); the rows asked are dropped");
@@ -257,15 +276,14 @@ fn ahead_main(sh: Arc<Shared>) {
     let mut batch: Vec<u64> = Vec::with_capacity(AHEAD_MAX_ROWS);
     let mut misses: Vec<u64> = Vec::with_capacity(AHEAD_MAX_ROWS);
     let mut buf = vec![0u8; AHEAD_MAX_ROWS * rb];
-    let st = &sh.stats;
-    let a = &sh.ahead;
+    let st = &*r.stats;
     loop {
         // submitted steps first (the queue keeps its rows meanwhile: the bound drops the oldest)
-        wait_for_steps(&sh);
+        wait_for_steps(g);
         {
             let mut q = lock(&a.q);
             loop {
-                if q.stop || sh.completion.closing() {
+                if q.stop || g.closing() {
                     st.ahead_dropped.fetch_add(q.rows.len() as u64, Relaxed);
                     q.rows.clear();
                     return;
@@ -275,7 +293,7 @@ fn ahead_main(sh: Arc<Shared>) {
                 }
                 q = sync::wait_timeout(&a.cv, q, Duration::from_millis(100)).0;
             }
-            if sh.step_pending() {
+            if g.step_pending() {
                 continue; // (woken while a step waits: the step first)
             }
             let n = q.rows.len().min(sizer.rows());
@@ -285,7 +303,7 @@ fn ahead_main(sh: Arc<Shared>) {
         misses.clear();
         for &id in &batch {
             // (a row twice in one batch is read once: its second ask counts as cached)
-            if misses.contains(&id) || sh.ahead_cached(id) {
+            if misses.contains(&id) || r.cached(id) {
                 st.ahead_cached.fetch_add(1, Relaxed);
             } else {
                 misses.push(id);
@@ -296,36 +314,36 @@ fn ahead_main(sh: Arc<Shared>) {
         }
         // and again right before the reads: a step is behind at most the batch read from here
         // on, and none is due before it ends
-        wait_for_quiet(&sh, &sizer);
+        wait_for_quiet(a, g, &sizer);
         let out = &mut buf[..misses.len() * rb];
         let t0 = Instant::now();
-        let submitted = sh.submitted.load(Acquire);
+        let submitted = g.submitted();
         #[cfg(test)]
-        a.test.read_begins(&sh, submitted, misses.len());
+        a.test.read_begins(g, submitted, misses.len());
         let read = source.read(&misses, out);
-        let submitted_after = sh.submitted.load(Acquire);
+        let submitted_after = g.submitted();
         let collided = submitted_after != submitted;
         if collided {
             st.ahead_collisions.fetch_add(1, Relaxed);
         }
         let now = Instant::now();
-        let room = sh.ahead.cadence.batch_room(now);
+        let room = a.cadence.batch_room(now);
         sizer.record(misses.len(), now - t0, collided, now, room);
         #[cfg(test)]
         a.test.read_ends(submitted_after);
         match read {
             Ok(_) => {
                 // a step submitted meanwhile first: the admissions take shard locks
-                wait_for_steps(&sh);
-                if let Some(c) = &sh.reader.cache {
+                wait_for_steps(g);
+                if let Some(c) = &r.cache {
                     for (&id, row) in misses.iter().zip(out.chunks_exact(rb)) {
                         c.admit(id, row);
                     }
                 }
                 st.ahead_read.fetch_add(misses.len() as u64, Relaxed);
-                if sh.reader.cache.is_none() {
+                if r.cache.is_none() {
                     // read into the page cache
-                    sh.reader.keep_resident_within_cap(&misses, &sh.stats);
+                    super::trim::keep_within(r.residency.as_deref(), &r.table, &misses, st);
                 }
             }
             Err(e) => {
@@ -339,11 +357,11 @@ fn ahead_main(sh: Arc<Shared>) {
 #[cfg(test)]
 impl TestReader {
     /// Logs a batch of `rows` reads beginning, then stands in for a slow device.
-    fn read_begins(&self, sh: &Shared, submitted: u64, rows: usize) {
+    fn read_begins(&self, g: &StepGate, submitted: u64, rows: usize) {
         lock(&self.batches).push(BatchLog {
             rows,
             submitted_before: submitted,
-            done_before: sh.completion.done(),
+            done_before: g.done(),
             submitted_after: submitted,
         });
         let d = self.delay_per_row_us.load(Relaxed);
@@ -355,64 +373,6 @@ impl TestReader {
     fn read_ends(&self, submitted_after: u64) {
         if let Some(b) = lock(&self.batches).last_mut() {
             b.submitted_after = submitted_after;
-        }
-    }
-}
-
-impl super::pipeline::Pipeline {
-    /// Queues the rows of `b`'s tokens for read-ahead (see the module doc) and returns: the
-    /// batch is validated and hashed as `submit` would (stateless context, or tracked history
-    /// as it stands plus the batch's own earlier tokens), but no history changes and no ring
-    /// slot is taken. Not bounded by `max_tokens_per_step` (a whole prompt may be asked at once).
-    pub fn prefetch_ahead(&self, b: &crate::lookup::context::Batch) -> Result<()> {
-        let sh = &self.sh;
-        if sh.completion.closing() {
-            return Err(Error::State("the handle is closing".into()));
-        }
-        let r = &sh.reader;
-        let meta = r.table.meta();
-        let ctx = self.checked_contexts(b, u32::MAX, false)?;
-        let mut ids = vec![0u64; b.tokens.len() * r.heads.len()];
-        r.hasher
-            .ids_for_heads(b.tokens, &ctx, r.heads, &r.head_starts, &mut ids);
-        crate::io::mmap::gather::check_ids(&ids, meta.total_rows)?;
-        sh.queue_ahead(&ids)
-    }
-
-    /// [`prefetch_ahead`](Self::prefetch_ahead) of a per-token batch (`ple_prefetch_ahead_tokens`).
-    pub fn prefetch_ahead_tokens(&self, g: &crate::lookup::tokens::Grouped) -> Result<()> {
-        self.prefetch_ahead(&g.batch())
-    }
-
-    /// Tests only: the reader's injected delay and its log of batches.
-    #[cfg(test)]
-    pub(super) fn ahead_test(&self) -> &TestReader {
-        &self.sh.ahead.test
-    }
-
-    /// The `ahead_collisions` counter alone (an atomic load: cheap enough to read around every
-    /// step, as [`counters`](Self::counters) is not).
-    pub fn ahead_collisions(&self) -> u64 {
-        self.sh.stats.ahead_collisions.load(Acquire)
-    }
-
-    /// Waits up to `timeout` until the read-ahead queue is drained (every row asked is read,
-    /// dropped or found cached); returns whether it was.
-    pub fn wait_ahead_idle(&self, timeout: Duration) -> bool {
-        let st = &self.sh.stats;
-        let t0 = std::time::Instant::now();
-        loop {
-            let asked = st.ahead_asked.load(Acquire);
-            let done = st.ahead_read.load(Acquire)
-                + st.ahead_dropped.load(Acquire)
-                + st.ahead_cached.load(Acquire);
-            if done >= asked {
-                return true;
-            }
-            if t0.elapsed() > timeout {
-                return false;
-            }
-            std::thread::sleep(Duration::from_micros(100));
         }
     }
 }

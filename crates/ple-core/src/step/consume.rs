@@ -41,7 +41,7 @@ impl Pipeline {
         };
         let t0 = Instant::now();
         let timeout = match timeout_us {
-            0 => Some(sh.opts.wait_timeout_us),
+            0 => Some(self.opts.wait_timeout_us),
             u64::MAX => None,
             t => Some(t),
         };

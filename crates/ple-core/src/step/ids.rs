@@ -5,11 +5,17 @@
 //! placed in its row file and go through the same pipeline as hashed ones: row cache, DIRECT or
 //! MMAP reads, read-ahead, the host and device views. Tracked request history is neither read
 //! nor changed. Tested in `step/pipeline/tests/ids.rs`.
+//!
+//! Also the handle's read-ahead calls (`ple_prefetch_ahead*`): they hash or check the rows and
+//! queue them for the runner of `ahead`.
 
+use super::ahead::Runner;
 use super::pipeline::Pipeline;
 use super::worker::StepInput;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sync::lock;
+use std::sync::atomic::Ordering::Acquire;
+use std::time::{Duration, Instant};
 
 impl Pipeline {
     /// The rows of the handle's row file that `ids` (`[tokens][num_heads]` whole-table ids)
@@ -56,7 +62,7 @@ impl Pipeline {
         Self::check_seq(&sub, seq)?;
         let nh = self.num_heads();
         let n = ids.len() / nh;
-        let max = self.sh.opts.max_tokens_per_step as usize;
+        let max = self.opts.max_tokens_per_step as usize;
         if ids.is_empty() || n > max {
             return crate::invalid!(
                 "num_tokens is {n}: a step holds 1 to max_tokens_per_step = {max} tokens"
@@ -71,9 +77,80 @@ impl Pipeline {
     /// [`Pipeline::prefetch_ahead`] does for tokens. Not bounded by `max_tokens_per_step`.
     pub fn prefetch_ahead_ids(&self, ids: &[i64]) -> Result<()> {
         if self.sh.completion.closing() {
-            return Err(crate::Error::State("the handle is closing".into()));
+            return Err(Error::State("the handle is closing".into()));
         }
         let rows = self.rows_of_ids(ids)?;
-        self.sh.queue_ahead(&rows)
+        self.queue_ahead(&rows)
+    }
+}
+
+impl Pipeline {
+    /// Queues the rows of `b`'s tokens for read-ahead (see the module doc) and returns: the
+    /// batch is validated and hashed as `submit` would (stateless context, or tracked history
+    /// as it stands plus the batch's own earlier tokens), but no history changes and no ring
+    /// slot is taken. Not bounded by `max_tokens_per_step` (a whole prompt may be asked at once).
+    pub fn prefetch_ahead(&self, b: &crate::lookup::context::Batch) -> Result<()> {
+        if self.sh.completion.closing() {
+            return Err(Error::State("the handle is closing".into()));
+        }
+        let r = &self.sh.reader;
+        let meta = r.table.meta();
+        let ctx = self.checked_contexts(b, u32::MAX, false)?;
+        let mut ids = vec![0u64; b.tokens.len() * r.heads.len()];
+        r.hasher
+            .ids_for_heads(b.tokens, &ctx, r.heads, &r.head_starts, &mut ids);
+        crate::io::mmap::gather::check_ids(&ids, meta.total_rows)?;
+        self.queue_ahead(&ids)
+    }
+
+    /// Queues `ids` (checked) for the read-ahead runner, which starts on the first call with
+    /// the handles it reads with (see `ahead`).
+    fn queue_ahead(&self, ids: &[u64]) -> Result<()> {
+        let (sh, r) = (&self.sh, &self.sh.reader);
+        self.ahead.queue(ids, &sh.stats, || Runner {
+            table: r.table.clone(),
+            source: r.ahead_source,
+            cache: r.cache.clone(),
+            residency: r.residency.clone(),
+            gate: sh.completion.gate().clone(),
+            stats: sh.stats.clone(),
+        })
+    }
+
+    /// [`prefetch_ahead`](Self::prefetch_ahead) of a per-token batch (`ple_prefetch_ahead_tokens`).
+    pub fn prefetch_ahead_tokens(&self, g: &crate::lookup::tokens::Grouped) -> Result<()> {
+        self.prefetch_ahead(&g.batch())
+    }
+
+    /// Tests only: the reader's injected delay and its log of batches.
+    #[cfg(test)]
+    pub(super) fn ahead_test(&self) -> &super::ahead::TestReader {
+        &self.ahead.test
+    }
+
+    /// The `ahead_collisions` counter alone (an atomic load: cheap enough to read around every
+    /// step, as [`counters`](Self::counters) is not).
+    pub fn ahead_collisions(&self) -> u64 {
+        self.sh.stats.ahead_collisions.load(Acquire)
+    }
+
+    /// Waits up to `timeout` until the read-ahead queue is drained (every row asked is read,
+    /// dropped or found cached); returns whether it was.
+    pub fn wait_ahead_idle(&self, timeout: Duration) -> bool {
+        let st = &self.sh.stats;
+        let t0 = Instant::now();
+        loop {
+            let asked = st.ahead_asked.load(Acquire);
+            let done = st.ahead_read.load(Acquire)
+                + st.ahead_dropped.load(Acquire)
+                + st.ahead_cached.load(Acquire);
+            if done >= asked {
+                return true;
+            }
+            if t0.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 }

@@ -14,6 +14,7 @@
 
 mod ahead;
 mod consume;
+mod gate;
 mod headroom;
 mod ids;
 pub mod options;

@@ -40,8 +40,8 @@ use crate::format::table::TableInfo;
 use crate::io::cache::RowCache;
 use crate::lookup::context::Batch;
 use crate::lookup::context::{Tracker, resolve_contexts_checked, validate_batch};
+use crate::stats;
 use crate::stats::Counters;
-use crate::stats::{self, Stats};
 use crate::step::options::OpenOptions;
 use crate::sync::lock;
 use std::cell::UnsafeCell;
@@ -66,7 +66,11 @@ pub(super) struct SubmitState {
 /// `dequant_cpu`/`dequant_fuse`/`release_step` (a failed step frees its slot at once and keeps
 /// only its error, until released).
 pub struct Pipeline {
+    /// What the worker and the consumers share.
     pub(super) sh: Arc<Shared>,
+    pub(super) opts: OpenOptions,
+    /// Read-ahead's queue and reader thread (`ahead.rs`).
+    pub(super) ahead: Arc<Ahead>,
     pub(super) submit_state: Mutex<SubmitState>,
     pub(super) tracker: Mutex<Tracker>,
     pub(super) worker: Option<JoinHandle<()>>,
@@ -126,7 +130,11 @@ impl Pipeline {
         let cpu_slots = if gpu.is_some() { 0 } else { opts.max_in_flight };
         let staging = cpu_staging(cpu_slots as usize, slot_bytes)?;
         reader.open_cache()?;
-        let ahead = Ahead::new(queue_cap(opts.ahead_max_rows, reader.cache.as_ref()));
+        let nowhere = reader.direct.is_some() && reader.cache.is_none();
+        let ahead = Ahead::new(
+            queue_cap(opts.ahead_max_rows, reader.cache.as_deref()),
+            nowhere,
+        );
         let tracker = {
             let m = reader.table.meta();
             Tracker::new(m.ngram_size, m.hash.eos_token_id, opts.history_window)?
@@ -146,13 +154,10 @@ impl Pipeline {
         let sh = Arc::new(Shared {
             completion,
             reader,
-            opts,
             staging,
             gpu,
             accounted: AtomicU64::new(0),
-            stats: Stats::default(),
-            ahead,
-            submitted: AtomicU64::new(0),
+            stats: Arc::default(),
             #[cfg(test)]
             hooks,
         });
@@ -165,6 +170,8 @@ impl Pipeline {
         let trim = start_trim(&sh);
         Ok(Pipeline {
             sh,
+            opts,
+            ahead: Arc::new(ahead),
             submit_state: Mutex::new(SubmitState {
                 tx: Some(tx),
                 last_seq: 0,
@@ -181,7 +188,7 @@ impl Pipeline {
     }
     /// The options the handle was opened with.
     pub fn options(&self) -> &OpenOptions {
-        &self.sh.opts
+        &self.opts
     }
     /// The handle's gather pool.
     pub fn pool(&self) -> &rayon::ThreadPool {
@@ -189,7 +196,7 @@ impl Pipeline {
     }
     /// The row cache (handles opened with `cache_bytes > 0`).
     pub fn row_cache(&self) -> Option<&RowCache> {
-        self.sh.reader.cache.as_ref()
+        self.sh.reader.cache.as_deref()
     }
     pub fn ngram_size(&self) -> u32 {
         self.sh.reader.table.meta().ngram_size
@@ -215,7 +222,7 @@ impl Pipeline {
     /// Facts about the table (`ple_table_info`).
     pub fn table_info(&self) -> TableInfo {
         let mut info =
-            crate::format::table::table_info(&self.sh.reader.table).with_shard(self.sh.opts.shard);
+            crate::format::table::table_info(&self.sh.reader.table).with_shard(self.opts.shard);
         if let Some(g) = &self.sh.gpu {
             info.device_wait_supported = g.device_wait_supported();
         }
@@ -323,7 +330,7 @@ impl Pipeline {
         let mut sub = lock(&self.submit_state);
         let sh = &*self.sh;
         Self::check_seq(&sub, seq)?;
-        let ctx = self.checked_contexts(b, sh.opts.max_tokens_per_step, true)?;
+        let ctx = self.checked_contexts(b, self.opts.max_tokens_per_step, true)?;
         let prefill = b
             .query_start
             .windows(2)
@@ -375,8 +382,8 @@ impl Pipeline {
         let slot = sh.completion.acquire(
             seq,
             num_tokens as u32,
-            sh.opts.ring_full_policy,
-            sh.opts.wait_timeout_us,
+            self.opts.ring_full_policy,
+            self.opts.wait_timeout_us,
             &sh.stats,
         )?;
         debug_assert!(sh.gpu.as_ref().is_none_or(|g| g.slot_of(seq) == slot));
@@ -404,8 +411,8 @@ impl Pipeline {
             sh.completion.cancel(seq, slot, Some(stopped));
             return Err(Error::State("the worker thread has stopped".into()));
         }
-        sh.submitted.store(seq, Ordering::Release);
-        sh.ahead.cadence.submitted(now);
+        sh.completion.gate().set_submitted(seq);
+        self.ahead.cadence.submitted(now);
         Ok(())
     }
 
@@ -487,7 +494,7 @@ impl Pipeline {
         if let Some(g) = &self.sh.gpu {
             g.begin_close(); // device waits and the worker's slot waits stop now
         }
-        self.sh.ahead.stop();
+        self.ahead.stop();
         self.sh.reader.stop_trim();
     }
 }
@@ -504,9 +511,9 @@ impl Drop for Pipeline {
             g.begin_close();
         }
         lock(&self.submit_state).tx = None;
-        self.sh.ahead.stop();
+        self.ahead.stop();
         self.sh.reader.stop_trim();
-        let ahead = lock(&self.sh.ahead.thread).take();
+        let ahead = self.ahead.take_thread();
         // all hold a reference to `sh`: the pool is released only after all returned (the trim
         // thread returns after the chunk it is dropping: no storage reads)
         let mut threads = [self.worker.take(), ahead, self.trim.take()];

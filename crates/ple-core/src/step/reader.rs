@@ -32,7 +32,7 @@ const PARALLEL_HASH_MIN_TOKENS: usize = 1024;
 /// A handle's read engine: the table, its hasher, the gather pool, the row cache and the
 /// direct and cold readers (see the module doc).
 pub struct Reader {
-    pub(super) table: Table,
+    pub(super) table: Arc<Table>,
     pub(super) hasher: Hasher,
     /// The heads the handle serves (`opts.shard`'s; all 16 for the whole table): a step's rows
     /// are `[tokens][heads.len()][row_bytes]`.
@@ -47,7 +47,7 @@ pub struct Reader {
     pool: Option<rayon::ThreadPool>,
     pool_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
     /// The row cache (`cache_bytes > 0`): steps read through it.
-    pub(super) cache: Option<RowCache>,
+    pub(super) cache: Option<Arc<RowCache>>,
     /// DIRECT with a cache: where a big step's lookups run (measured).
     placement: cache::Placement,
     /// The plan's `cache_bytes` (AUTO resolved); 0 once [`Reader::open_cache`] made none.
@@ -60,7 +60,7 @@ pub struct Reader {
     /// read their rows.
     cold: ColdRead,
     /// MMAP with `resident_bytes_max`: the table's residency cap and its trim thread's state.
-    residency: Option<super::trim::Trim>,
+    pub(super) residency: Option<Arc<super::trim::Trim>>,
     /// The backend read-ahead's thread opens.
     pub(super) ahead_source: AheadSource,
 }
@@ -81,7 +81,7 @@ impl Reader {
         }
         let (heads, head_starts) = shard_rows(&table, opts.shard)?;
         Ok(Reader {
-            table,
+            table: Arc::new(table),
             hasher,
             heads,
             head_starts,
@@ -96,7 +96,7 @@ impl Reader {
             placement: cache::Placement::default(),
             direct: plan.direct.map(Mutex::new),
             cold: plan.cold,
-            residency: plan.residency.map(super::trim::Trim::new),
+            residency: plan.residency.map(|c| Arc::new(super::trim::Trim::new(c))),
             ahead_source: plan.ahead,
         })
     }
@@ -107,7 +107,7 @@ impl Reader {
         self.cache = match self.cache_budget {
             0 => None,
             b => match RowCache::new(b, self.table.row_bytes()) {
-                Ok(c) => Some(c),
+                Ok(c) => Some(Arc::new(c)),
                 // AUTO on a machine with almost no memory free: no cache
                 Err(Error::InvalidArgument(_)) if self.cache_auto => None,
                 Err(Error::InvalidArgument(m)) => {
@@ -325,12 +325,8 @@ impl Reader {
     /// (past the cap's margin this waits for it), else here. Every row of a step is marked,
     /// also those a row cache or a direct cold read served without touching the page cache:
     /// the count errs high, never low. A failed drop is logged: the rows are unaffected.
-    pub(super) fn keep_resident_within_cap(&self, ids: &[u64], stats: &Stats) {
-        if let Some(t) = &self.residency {
-            use std::os::fd::AsRawFd;
-            let fd = self.table.file().as_raw_fd();
-            t.mark(ids, self.table.row_bytes(), self.table.bytes(), fd, stats);
-        }
+    fn keep_resident_within_cap(&self, ids: &[u64], stats: &Stats) {
+        super::trim::keep_within(self.residency.as_deref(), &self.table, ids, stats);
     }
 
     /// Whether the reader has a residency cap (and so wants a trim thread).

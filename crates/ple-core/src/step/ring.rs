@@ -4,13 +4,14 @@
 //! claims and frees it, a cancelled submit gives it back, and CUDA Graph replays free what they
 //! consumed. No I/O and no step data here: slots are indices, steps are seqs.
 
+use super::gate::StepGate;
 use crate::error::{Error, Result};
 use crate::stats::{self, Stats};
 use crate::step::options::RingFullPolicy;
 use crate::sync::{self, lock};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Failed steps remembered for their waiters (oldest forgotten first).
@@ -204,11 +205,10 @@ pub(super) struct Completion {
     /// Signalled when a step is published or a slot freed (only while `waiters > 0`).
     cv: Condvar,
     waiters: AtomicUsize,
-    /// Highest seq published.
-    done: AtomicU64,
+    /// `done` (highest seq published), `closing`, and `submitted` (the submitting thread's).
+    gate: Arc<StepGate>,
     /// Highest seq that failed (0: none), stored before its `done`.
     last_failed: AtomicU64,
-    closing: AtomicBool,
     /// Step `seq` goes in slot `seq % slots` (GPU handles: the device kernels find it that way);
     /// else in the next Free slot in ring order.
     slot_by_seq: bool,
@@ -239,9 +239,8 @@ impl Completion {
             }),
             cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
-            done: AtomicU64::new(0),
+            gate: Arc::default(),
             last_failed: AtomicU64::new(0),
-            closing: AtomicBool::new(false),
             slot_by_seq,
             graph_base: AtomicU64::new(0),
             replays,
@@ -251,7 +250,12 @@ impl Completion {
 
     /// Highest seq whose step is complete (Acquire: its rows and failure record are visible).
     pub(super) fn done(&self) -> u64 {
-        self.done.load(Ordering::Acquire)
+        self.gate.done()
+    }
+
+    /// The handle's progress words, for threads that read nothing else of the ring.
+    pub(super) fn gate(&self) -> &Arc<StepGate> {
+        &self.gate
     }
 
     /// Highest seq that failed (0: none).
@@ -261,7 +265,7 @@ impl Completion {
 
     /// Whether the handle is closing.
     pub(super) fn closing(&self) -> bool {
-        self.closing.load(Ordering::Relaxed)
+        self.gate.closing()
     }
 
     /// Whether step `seq` goes in slot `seq % slots`.
@@ -278,7 +282,7 @@ impl Completion {
     /// Marks the handle closing and wakes every parked thread (under the ring's lock, so a
     /// thread about to park cannot miss it).
     pub(super) fn close(&self) {
-        self.closing.store(true, Ordering::SeqCst);
+        self.gate.close();
         let _ring = lock(&self.ring);
         self.cv.notify_all();
     }
@@ -317,7 +321,7 @@ impl Completion {
             if ready(&ring) {
                 break Parked::Ready;
             }
-            if self.closing.load(Ordering::SeqCst) {
+            if self.gate.closing_seqcst() {
                 break Parked::Closing;
             }
             let now = Instant::now();
@@ -435,7 +439,7 @@ impl Completion {
                 }
             }
         }
-        self.done.store(seq, Ordering::Release);
+        self.gate.set_done(seq);
         drop(ring);
         self.notify();
         match failure {

@@ -2,12 +2,10 @@
 //! ring's [`Completion`] protocol, the [`Reader`], the staging slots, the GPU side and the
 //! counters.
 
-use super::ahead::Ahead;
 use super::reader::Reader;
 use super::ring::Completion;
 use crate::dequant::gpu::GpuSide;
 use crate::stats::Stats;
-use crate::step::options::OpenOptions;
 use std::cell::UnsafeCell;
 use std::sync::Arc;
 #[cfg(test)]
@@ -61,7 +59,6 @@ pub(super) struct Shared {
     pub(super) completion: Completion,
     /// The read engine: table, hasher, pool, row cache, direct and cold reads.
     pub(super) reader: Reader,
-    pub(super) opts: OpenOptions,
     /// CPU staging per slot; empty when `gpu` is set (the worker then gathers into the GPU
     /// side's pinned staging, under the same access protocol).
     pub(super) staging: Vec<Staging>,
@@ -70,12 +67,7 @@ pub(super) struct Shared {
     pub(super) gpu: Option<Arc<GpuSide>>,
     /// Highest seq whose counters are recorded (a few µs after `done`).
     pub(super) accounted: AtomicU64,
-    pub(super) stats: Stats,
-    /// Read-ahead's queue and reader thread (`ahead.rs`).
-    pub(super) ahead: Ahead,
-    /// Highest seq submitted (stored after its job is sent): the read-ahead reader waits while
-    /// it is above `done`.
-    pub(super) submitted: AtomicU64,
+    pub(super) stats: Arc<Stats>,
     #[cfg(test)]
     pub(super) hooks: TestHooks,
 }

@@ -24,6 +24,7 @@
 //!   touching the range faults the same file bytes back in (`sys::drop_cached`); the count
 //!   stays right because a read is marked after it is made (see `io::mmap::residency`).
 
+use crate::format::table::Table;
 use crate::io::mmap::residency::{self, ResidencyCap};
 use crate::stats::Stats;
 use crate::sync::{lock, wait, wait_timeout};
@@ -262,6 +263,18 @@ impl Drop for Exited<'_> {
         // under the lock, so a reader between its check and its wait cannot miss it
         let _g = lock(&self.0.inner);
         self.0.settled.notify_all();
+    }
+}
+
+/// MMAP with a residency cap (`cap`): marks the pages of rows `ids` of `table` used and, over
+/// the cap, has the least recently used chunks dropped — by the trim thread once it runs (past
+/// the cap's margin this waits for it), else here. A failed drop is logged: the rows are
+/// unaffected.
+pub(super) fn keep_within(cap: Option<&Trim>, table: &Table, ids: &[u64], stats: &Stats) {
+    if let Some(t) = cap {
+        use std::os::fd::AsRawFd;
+        let fd = table.file().as_raw_fd();
+        t.mark(ids, table.row_bytes(), table.bytes(), fd, stats);
     }
 }
 

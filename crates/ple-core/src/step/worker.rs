@@ -74,11 +74,22 @@ fn run_step(sh: &Shared, job: &Job, s: &mut ReadScratch) -> Result<StepRecord> {
         StepInput::Tokens { tokens, ctx } => r.read_step(tokens, ctx, staging, s, &cancelled)?,
         StepInput::Rows(rows) => r.read_rows(rows, staging, s, &cancelled)?,
     };
-    sh.count_ahead_hits();
+    count_ahead_hits(sh);
     rec.queue_ns = queue_ns;
     rec.prefill = job.prefill;
     let bytes = rec.rows as usize * r.table.row_bytes();
     upload(sh, job, bytes, rec)
+}
+
+/// After a step's cache lookups: counts the rows read ahead that they found for the first time
+/// as `ahead_hits`.
+fn count_ahead_hits(sh: &Shared) {
+    if let Some(c) = &sh.reader.cache {
+        let hits = c.take_ahead_hits();
+        if hits > 0 {
+            sh.stats.ahead_hits.fetch_add(hits, Ordering::Relaxed);
+        }
+    }
 }
 
 /// CUDA handles: the GPU side publishes the step's `bytes` of rows to the device (host-wait
