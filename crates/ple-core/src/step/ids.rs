@@ -13,11 +13,53 @@ use super::ahead::Runner;
 use super::pipeline::Pipeline;
 use super::worker::StepInput;
 use crate::error::{Error, Result};
+use crate::lookup::context::{Batch, resolve_contexts_checked, validate_batch};
 use crate::sync::lock;
 use std::sync::atomic::Ordering::Acquire;
 use std::time::{Duration, Instant};
 
 impl Pipeline {
+    /// The 16 row ids of each token of `b` into `out` (`num_tokens × 16`), without side effects:
+    /// tracked history is read, not changed.
+    pub fn ngram_ids(&self, b: &Batch, out: &mut [i64]) -> Result<()> {
+        let meta = self.sh.reader.table.meta();
+        validate_batch(b, meta.hash.vocab_size, u32::MAX)?;
+        let heads = self.num_heads();
+        if out.len() != b.tokens.len() * heads {
+            return crate::invalid!(
+                "out_ids holds {} ids, {} tokens need {}",
+                out.len(),
+                b.tokens.len(),
+                b.tokens.len() * heads
+            );
+        }
+        let k = meta.ngram_size as usize - 1;
+        if let Some(c) = b.context {
+            if c.len() != b.request_ids.len() * k {
+                return crate::invalid!(
+                    "batch.context has {} entries, expected {}",
+                    c.len(),
+                    b.request_ids.len() * k
+                );
+            }
+        }
+        let ctx = {
+            let t = lock(&self.tracker);
+            resolve_contexts_checked(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
+        };
+        let mut ids = vec![0u64; heads];
+        for (i, &t) in b.tokens.iter().enumerate() {
+            self.sh
+                .reader
+                .hasher
+                .ids(t, &ctx[i * k..(i + 1) * k], &mut ids);
+            for (o, &v) in out[i * heads..(i + 1) * heads].iter_mut().zip(&ids) {
+                *o = v as i64;
+            }
+        }
+        Ok(())
+    }
+
     /// The rows of the handle's row file that `ids` (`[tokens][num_heads]` whole-table ids)
     /// name for the handle's heads, `[tokens][heads]`; `Error::InvalidArgument` naming the token,
     /// the head and the id when an id is outside its head's rows, or when `ids` is not a whole

@@ -8,9 +8,12 @@
 //! - `worker`: the worker thread, reading each step with the `Reader` and publishing it through
 //!   the `Completion`.
 //!
-//! [`pipeline`] is the handle (open, submit, close: the producer side); `consume` its consumer
-//! side (waits, host views, dequant, graph entry points); `shared` what all threads share;
-//! `ahead` read ahead; `trim` the residency cap's trim thread; [`options`].
+//! [`pipeline`] is the handle (open, submit; `reaper` its bounded close); `consume` its consumer
+//! side (waits, host views, dequant, graph entry points); `ids` the calls by the engine's own
+//! row ids and the read-ahead calls; `shared` what the worker and the consumers share; `plan`
+//! the I/O plan resolved at open; `gate` the progress words (submitted, done, closing) the
+//! read-ahead runner reads; `ahead` read ahead (its queue and runner); `trim` the residency
+//! cap's trim thread; [`options`].
 
 mod ahead;
 mod consume;

@@ -31,7 +31,7 @@ use super::ahead::{Ahead, queue_cap};
 use super::plan::IoInfo;
 use super::reader::Reader;
 use super::ring::Completion;
-use super::shared::{PRETOUCH_MAX_BYTES, Shared, Staging, force_slot_by_seq, replays};
+use super::shared::{Shared, cpu_staging, force_slot_by_seq, replays};
 use super::worker::{Job, StepInput, Work, worker_main};
 use crate::dequant::gpu::{GpuConfig, GpuSide};
 use crate::error::{Error, Result};
@@ -44,7 +44,6 @@ use crate::stats;
 use crate::stats::Counters;
 use crate::step::options::OpenOptions;
 use crate::sync::lock;
-use std::cell::UnsafeCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -76,24 +75,6 @@ pub struct Pipeline {
     pub(super) worker: Option<JoinHandle<()>>,
     /// The residency cap's `ple-trim` thread (`step::trim`; MMAP with `resident_bytes_max`).
     pub(super) trim: Option<JoinHandle<()>>,
-}
-
-/// `slots` CPU staging slots of `slot_bytes`: anonymous mappings (zero pages the kernel
-/// provides on first touch: nothing is written at open beyond the pre-touch), each slot's first
-/// `PRETOUCH_MAX_BYTES / slots` bytes touched so steps do not take first-touch faults there.
-fn cpu_staging(slots: usize, slot_bytes: usize) -> Result<Vec<Staging>> {
-    let mut staging = Vec::with_capacity(slots);
-    for _ in 0..slots {
-        let mut m = memmap2::MmapMut::map_anon(slot_bytes)
-            .map_err(|e| Error::OutOfMemory(format!("staging slot of {slot_bytes} bytes: {e}")))?;
-        let touch = slot_bytes.min(PRETOUCH_MAX_BYTES / slots);
-        for i in (0..touch).step_by(4096) {
-            // SAFETY: in bounds; volatile so the store is not elided.
-            unsafe { std::ptr::write_volatile(m.as_mut_ptr().add(i), 0) };
-        }
-        staging.push(Staging(UnsafeCell::new(m)));
-    }
-    Ok(staging)
 }
 
 impl Pipeline {
@@ -416,47 +397,6 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The 16 row ids of each token of `b` into `out` (`num_tokens × 16`), without side effects:
-    /// tracked history is read, not changed.
-    pub fn ngram_ids(&self, b: &Batch, out: &mut [i64]) -> Result<()> {
-        let meta = self.sh.reader.table.meta();
-        validate_batch(b, meta.hash.vocab_size, u32::MAX)?;
-        let heads = self.num_heads();
-        if out.len() != b.tokens.len() * heads {
-            return crate::invalid!(
-                "out_ids holds {} ids, {} tokens need {}",
-                out.len(),
-                b.tokens.len(),
-                b.tokens.len() * heads
-            );
-        }
-        let k = meta.ngram_size as usize - 1;
-        if let Some(c) = b.context {
-            if c.len() != b.request_ids.len() * k {
-                return crate::invalid!(
-                    "batch.context has {} entries, expected {}",
-                    c.len(),
-                    b.request_ids.len() * k
-                );
-            }
-        }
-        let ctx = {
-            let t = lock(&self.tracker);
-            resolve_contexts_checked(b, Some(&t), meta.hash.eos_token_id, meta.ngram_size)?
-        };
-        let mut ids = vec![0u64; heads];
-        for (i, &t) in b.tokens.iter().enumerate() {
-            self.sh
-                .reader
-                .hasher
-                .ids(t, &ctx[i * k..(i + 1) * k], &mut ids);
-            for (o, &v) in out[i * heads..(i + 1) * heads].iter_mut().zip(&ids) {
-                *o = v as i64;
-            }
-        }
-        Ok(())
-    }
-
     /// Forgets a request's tracked history (unknown ids are fine).
     pub fn release_request(&self, id: u64) {
         lock(&self.tracker).release(id);
@@ -499,45 +439,6 @@ impl Pipeline {
     }
 }
 
-impl Drop for Pipeline {
-    /// Stops the worker after the step it is running (queued steps are abandoned) and the trim
-    /// thread after the chunk it is dropping, and joins them, then drops the pool and joins its
-    /// threads. A worker that does not stop within
-    /// [`super::reaper::CLOSE_WAIT`] (a read stalled on the device) is joined by a reaper thread instead,
-    /// which then frees the rest (see `reaper`): the drop returns within about 30 ms.
-    fn drop(&mut self) {
-        self.sh.completion.close();
-        if let Some(g) = &self.sh.gpu {
-            g.begin_close();
-        }
-        lock(&self.submit_state).tx = None;
-        self.ahead.stop();
-        self.sh.reader.stop_trim();
-        let ahead = self.ahead.take_thread();
-        // all hold a reference to `sh`: the pool is released only after all returned (the trim
-        // thread returns after the chunk it is dropping: no storage reads)
-        let mut threads = [self.worker.take(), ahead, self.trim.take()];
-        if !super::reaper::join_within(&mut threads) {
-            let mut sh = self.sh.clone();
-            super::reaper::hand_over(move || {
-                for t in threads.into_iter().flatten() {
-                    let _ = t.join();
-                }
-                // the closing Pipeline drops its reference right after handing this over
-                for _ in 0..10_000 {
-                    if Arc::strong_count(&sh) == 1 {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-                release_pool(&mut sh);
-            });
-            return;
-        }
-        release_pool(&mut self.sh);
-    }
-}
-
 /// Starts the residency cap's `ple-trim` thread when the reader has a cap; None without a cap,
 /// or when no thread can be started (the reading threads then trim for themselves).
 fn start_trim(sh: &Arc<Shared>) -> Option<JoinHandle<()>> {
@@ -555,14 +456,6 @@ fn start_trim(sh: &Arc<Shared>) -> Option<JoinHandle<()>> {
             log::warn!("no trim thread (the worker trims itself): {e}");
         })
         .ok()
-}
-
-/// Drops the gather pool and joins its threads, once `sh` is the last reference to the shared
-/// state (the worker has returned).
-fn release_pool(sh: &mut Arc<Shared>) {
-    if let Some(sh) = Arc::get_mut(sh) {
-        sh.reader.stop_pool();
-    }
 }
 
 #[cfg(test)]

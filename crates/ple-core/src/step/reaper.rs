@@ -2,15 +2,19 @@
 //! the device, which no system call can cancel once the kernel holds its buffer) is handed to a
 //! detached `ple-reaper` thread.
 //!
-//! Invariants: the worker, the read-ahead reader and the residency cap's trim thread (joined
-//! together) each hold their own `Arc` of the handle's shared state (table mapping, ring,
-//! io_uring, aligned read buffers, descriptors), so nothing a read in flight writes into (nor
-//! the mapping a trim drops pages of) is freed before all return from it; the trim thread
-//! reads no storage and stops after the chunk it is dropping. The reaper joins them, then drops the gather pool and
+//! Invariants: the worker and the residency cap's trim thread each hold their own `Arc` of the
+//! handle's shared state (table mapping, ring, io_uring, aligned read buffers, descriptors), the
+//! read-ahead reader its own `Arc`s of what it reads with (the table, the row cache, the cap)
+//! and its own backend and buffers, so nothing a read in flight writes into (nor the mapping a
+//! trim drops pages of) is freed before all return from it; the trim thread reads no storage
+//! and stops after the chunk it is dropping. The reaper joins them, then drops the gather pool and
 //! joins its threads, then drops the last reference. Closing returns after at most `CLOSE_WAIT`
 //! plus the time to spawn the reaper.
 
-use crate::sync;
+use super::pipeline::Pipeline;
+use super::shared::Shared;
+use crate::sync::{self, lock};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -75,5 +79,52 @@ pub(super) fn hand_over(finish: impl FnOnce() + Send + 'static) {
             f();
             REAPED.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+impl Drop for Pipeline {
+    /// Stops the worker after the step it is running (queued steps are abandoned) and the trim
+    /// thread after the chunk it is dropping, and joins them, then drops the pool and joins its
+    /// threads. A worker that does not stop within
+    /// [`CLOSE_WAIT`] (a read stalled on the device) is joined by a reaper thread instead,
+    /// which then frees the rest (see `reaper`): the drop returns within about 30 ms.
+    fn drop(&mut self) {
+        self.sh.completion.close();
+        if let Some(g) = &self.sh.gpu {
+            g.begin_close();
+        }
+        lock(&self.submit_state).tx = None;
+        self.ahead.stop();
+        self.sh.reader.stop_trim();
+        let ahead = self.ahead.take_thread();
+        // all hold a reference to `sh`: the pool is released only after all returned (the trim
+        // thread returns after the chunk it is dropping: no storage reads)
+        let mut threads = [self.worker.take(), ahead, self.trim.take()];
+        if !join_within(&mut threads) {
+            let mut sh = self.sh.clone();
+            hand_over(move || {
+                for t in threads.into_iter().flatten() {
+                    let _ = t.join();
+                }
+                // the closing Pipeline drops its reference right after handing this over
+                for _ in 0..10_000 {
+                    if Arc::strong_count(&sh) == 1 {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                release_pool(&mut sh);
+            });
+            return;
+        }
+        release_pool(&mut self.sh);
+    }
+}
+
+/// Drops the gather pool and joins its threads, once `sh` is the last reference to the shared
+/// state (the worker has returned).
+fn release_pool(sh: &mut Arc<Shared>) {
+    if let Some(sh) = Arc::get_mut(sh) {
+        sh.reader.stop_pool();
     }
 }

@@ -1,10 +1,11 @@
-//! What the submitting threads, the worker, the read-ahead reader and the consumers share: the
-//! ring's [`Completion`] protocol, the [`Reader`], the staging slots, the GPU side and the
-//! counters.
+//! What the submitting threads, the worker and the consumers share: the ring's [`Completion`]
+//! protocol, the [`Reader`], the staging slots, the GPU side and the counters. The read-ahead
+//! runner holds none of it (`ahead::Runner`: its own handles).
 
 use super::reader::Reader;
 use super::ring::Completion;
 use crate::dequant::gpu::GpuSide;
+use crate::error::{Error, Result};
 use crate::stats::Stats;
 use std::cell::UnsafeCell;
 use std::sync::Arc;
@@ -38,6 +39,24 @@ pub(super) fn spin_round(i: u32) {
 
 /// Staging bytes (all slots together) touched at open; beyond it pages fault in on first use.
 pub(super) const PRETOUCH_MAX_BYTES: usize = 256 << 20;
+
+/// `slots` CPU staging slots of `slot_bytes`: anonymous mappings (zero pages the kernel
+/// provides on first touch: nothing is written at open beyond the pre-touch), each slot's first
+/// `PRETOUCH_MAX_BYTES / slots` bytes touched so steps do not take first-touch faults there.
+pub(super) fn cpu_staging(slots: usize, slot_bytes: usize) -> Result<Vec<Staging>> {
+    let mut staging = Vec::with_capacity(slots);
+    for _ in 0..slots {
+        let mut m = memmap2::MmapMut::map_anon(slot_bytes)
+            .map_err(|e| Error::OutOfMemory(format!("staging slot of {slot_bytes} bytes: {e}")))?;
+        let touch = slot_bytes.min(PRETOUCH_MAX_BYTES / slots);
+        for i in (0..touch).step_by(4096) {
+            // SAFETY: in bounds; volatile so the store is not elided.
+            unsafe { std::ptr::write_volatile(m.as_mut_ptr().add(i), 0) };
+        }
+        staging.push(Staging(UnsafeCell::new(m)));
+    }
+    Ok(staging)
+}
 
 /// Hooks that make a step fail, panic or stall (tests only).
 #[cfg(test)]

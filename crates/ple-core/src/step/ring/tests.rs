@@ -3,6 +3,7 @@
 //! protocol promises.
 
 use super::*;
+use crate::stats::Stats;
 use crate::step::options::RingFullPolicy;
 use std::sync::Arc;
 
