@@ -9,9 +9,7 @@
 //! (4 to 64 rows), and back to 4 rows after a batch that a step was submitted during. Right
 //! before each batch's reads it waits while a submitted step is not yet done (`submitted >
 //! done`), so a step waits for at most the one short batch of reads in flight when it was
-//! submitted; and where steps come at a cadence ([`cadence`]), out of the quiet window around
-//! the next one, its batches sized to fit between the windows. The reader has its own
-//! descriptors (its own io_uring), never the worker's.
+//! submitted. The reader has its own descriptors (its own io_uring), never the worker's.
 //! While it reads it holds no lock; once a step submitted meanwhile is done, it admits rows as
 //! a step's misses are inserted (a row cache shard's lock per row, which a lookup takes only
 //! after its lock-free tries fail), flagged in their slot's header: the first lookup that finds
@@ -37,9 +35,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-mod cadence;
 mod sizer;
-pub(super) use cadence::Cadence;
 use sizer::{AHEAD_BATCH_TARGET, AHEAD_MAX_ROWS, AHEAD_MIN_ROWS, BatchSizer};
 #[cfg(test)]
 pub(super) const AHEAD_MIN_ROWS_FOR_TESTS: usize = AHEAD_MIN_ROWS;
@@ -56,8 +52,6 @@ pub(super) struct Ahead {
     /// Most rows queued.
     pub(super) cap: usize,
     pub(super) thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The steps' cadence (every submit records itself): when the reader keeps quiet.
-    pub(super) cadence: Cadence,
     /// DIRECT mode without a row cache: read rows would have nowhere to go.
     nowhere: bool,
     #[cfg(test)]
@@ -101,7 +95,6 @@ impl Ahead {
             cv: Condvar::new(),
             cap: cap.max(1),
             thread: Mutex::new(None),
-            cadence: Cadence::new(),
             #[cfg(test)]
             test: TestReader::default(),
         }
@@ -233,34 +226,6 @@ fn wait_for_steps(g: &StepGate) {
     }
 }
 
-/// Waits for the steps in flight, then out of the quiet window around the next step the
-/// cadence predicts (`cadence`; for batches as long as the last few). Asleep to the window's
-/// end, not parked on the step: a wake-up at the step's publication would land on a CPU of the
-/// thread that waits for it, while the window's end comes after a step that came on time (the
-/// slack covers the step). The sleep is on the queue's condition variable, which a stop
-/// signals (and a new read-ahead, after which the window is looked at again).
-fn wait_for_quiet(a: &Ahead, g: &StepGate, sizer: &BatchSizer) {
-    loop {
-        wait_for_steps(g);
-        let Some(batch) = sizer.batch_time() else {
-            return;
-        };
-        let now = Instant::now();
-        let Some(until) = a.cadence.quiet_until(now, batch) else {
-            return;
-        };
-        let q = lock(&a.q);
-        if q.stop || g.closing() {
-            return;
-        }
-        drop(sync::wait_timeout(
-            &a.cv,
-            q,
-            until.saturating_duration_since(now),
-        ));
-    }
-}
-
 fn ahead_main(a: &Ahead, r: Runner) {
     lower_priority();
     let rb = r.table.row_bytes();
@@ -312,9 +277,8 @@ fn ahead_main(a: &Ahead, r: Runner) {
         if misses.is_empty() {
             continue;
         }
-        // and again right before the reads: a step is behind at most the batch read from here
-        // on, and none is due before it ends
-        wait_for_quiet(a, g, &sizer);
+        // and again right before the reads: a step is behind at most the batch read from here on
+        wait_for_steps(g);
         let out = &mut buf[..misses.len() * rb];
         let t0 = Instant::now();
         let submitted = g.submitted();
@@ -327,8 +291,7 @@ fn ahead_main(a: &Ahead, r: Runner) {
             st.ahead_collisions.fetch_add(1, Relaxed);
         }
         let now = Instant::now();
-        let room = a.cadence.batch_room(now);
-        sizer.record(misses.len(), now - t0, collided, now, room);
+        sizer.record(misses.len(), now - t0, collided, now);
         #[cfg(test)]
         a.test.read_ends(submitted_after);
         match read {

@@ -393,7 +393,6 @@ impl Pipeline {
             return Err(Error::State("the worker thread has stopped".into()));
         }
         sh.completion.gate().set_submitted(seq);
-        self.ahead.cadence.submitted(now);
         Ok(())
     }
 

@@ -14,9 +14,6 @@
 //! closely (a decode loop) so keep the batches at a few reads; steps far apart (a prefill
 //! chunk's compute between them) rarely collide, and once [`COLLISION_HOLD`] has passed since
 //! the last collision, clean full batches double the size back.
-//! Where steps come at a cadence, a batch must also fit the room between their quiet windows
-//! (`cadence::Cadence::batch_room`): a longer one shrinks the size in proportion, and the size
-//! doubles only while twice the batch's time fits.
 //! Measured on 2 vCPUs (`ple bench --engine`'s p99 check with 0.5 ms between steps, 5
 //! alternating pairs): batches of at most 4 rows gave busy/idle p99 ratios of 0.84–1.61, up to
 //! 64 rows 1.72–4.15.
@@ -25,8 +22,7 @@
 //! with `t - latency` over the target, the next batch is at most `max(min, n * target / (t -
 //! latency))` rows (at the throughput just measured its reads fit in the target); a full batch
 //! (`n >= rows()`) within half the target doubles the size, so a fast device gets back to deep
-//! batches in a few batches; after a collision the next batch is `min` rows; given a room, a
-//! batch that took longer makes the next at most `max(min, n * room / t)` rows.
+//! batches in a few batches; after a collision the next batch is `min` rows.
 
 use std::time::{Duration, Instant};
 
@@ -50,8 +46,6 @@ pub(in crate::step) struct BatchSizer {
     latency: Option<Duration>,
     /// When the last collision was recorded.
     collided_at: Option<Instant>,
-    /// How long a batch takes lately (mean of the last few, 1/4 weight to the newest).
-    typical: Option<Duration>,
 }
 
 impl BatchSizer {
@@ -65,7 +59,6 @@ impl BatchSizer {
             target,
             latency: None,
             collided_at: None,
-            typical: None,
         }
     }
 
@@ -74,29 +67,18 @@ impl BatchSizer {
         self.rows
     }
 
-    /// How long a batch takes lately (None before the first).
-    pub(in crate::step) fn batch_time(&self) -> Option<Duration> {
-        self.typical
-    }
-
     /// Records a batch of `reads` rows read from the device in `took`, ending at `now`, during
-    /// which a step was submitted (`collided`) or not; `room`: the longest batch the steps'
-    /// cadence leaves room for (`cadence::Cadence::batch_room`), if they come at one.
+    /// which a step was submitted (`collided`) or not.
     pub(in crate::step) fn record(
         &mut self,
         reads: usize,
         took: Duration,
         collided: bool,
         now: Instant,
-        room: Option<Duration>,
     ) {
         if reads == 0 {
             return;
         }
-        self.typical = Some(match self.typical {
-            Some(t) => (t * 3 + took) / 4,
-            None => took,
-        });
         let lat = match self.latency {
             Some(l) if took > l => l + (took - l) / 16,
             _ => took,
@@ -113,15 +95,9 @@ impl BatchSizer {
         if collided {
             self.rows = self.min;
             self.collided_at = Some(now);
-        } else if let Some(r) = room.filter(|&r| took > r) {
-            self.rows = fits(r, took).min(self.rows);
         } else if extra > self.target {
             self.rows = fits(self.target, extra).min(self.rows);
-        } else if extra * 2 < self.target
-            && reads >= self.rows
-            && !held
-            && room.is_none_or(|r| took * 2 <= r)
-        {
+        } else if extra * 2 < self.target && reads >= self.rows && !held {
             self.rows = (self.rows * 2).min(self.max);
         }
     }
@@ -152,7 +128,6 @@ mod tests {
                     Duration::from_micros(lat_us + per_read_us * n as u64),
                     false,
                     at(1000),
-                    None,
                 );
                 n
             })
@@ -182,7 +157,7 @@ mod tests {
         run(&mut s, 10, 0, 5);
         assert_eq!(s.rows(), 64);
         // 64 reads in 4 ms on a 10 µs latency: about 16 fit in 1 ms
-        s.record(64, Duration::from_millis(4), false, at(0), None);
+        s.record(64, Duration::from_millis(4), false, at(0));
         assert!((15..=17).contains(&s.rows()), "{}", s.rows());
         // a slow device (0.58 ms per read, 1,736 IOPS, 5 ms latency): the batches stay at
         // 4 to 8 rows, adding at most ~2.3 ms to a step's reads (64 rows would add 37 ms)
@@ -197,15 +172,15 @@ mod tests {
     #[test]
     fn a_partial_batch_or_one_near_the_target_keeps_the_size() {
         let mut s = sizer();
-        s.record(4, Duration::from_micros(10), false, at(0), None);
+        s.record(4, Duration::from_micros(10), false, at(0));
         assert_eq!(s.rows(), 8);
         // 2 of 8 rows were misses (the rest cached): it says nothing of a full batch's time
-        s.record(2, Duration::from_micros(10), false, at(0), None);
+        s.record(2, Duration::from_micros(10), false, at(0));
         assert_eq!(s.rows(), 8);
         // 0.7 ms beyond the latency: within [target / 2, target], as is
-        s.record(8, Duration::from_micros(710), false, at(0), None);
+        s.record(8, Duration::from_micros(710), false, at(0));
         assert_eq!(s.rows(), 8);
-        s.record(0, Duration::from_secs(1), false, at(0), None);
+        s.record(0, Duration::from_secs(1), false, at(0));
         assert_eq!(s.rows(), 8, "no reads, no news");
     }
 
@@ -215,15 +190,15 @@ mod tests {
         run(&mut s, 100, 0, 6);
         assert_eq!(s.rows(), 64);
         // a step was submitted while 64 rows were in flight: the next batch is 4 rows
-        s.record(64, Duration::from_micros(100), true, at(2000), None);
+        s.record(64, Duration::from_micros(100), true, at(2000));
         assert_eq!(s.rows(), 4);
         // steps back to back: every batch collides, the size stays the fewest
         for k in 0..10 {
-            s.record(4, Duration::from_micros(100), true, at(2000 + k), None);
+            s.record(4, Duration::from_micros(100), true, at(2000 + k));
         }
         assert_eq!(s.rows(), 4);
         // clean batches within the hold: no growth
-        s.record(4, Duration::from_micros(100), false, at(2012), None);
+        s.record(4, Duration::from_micros(100), false, at(2012));
         assert_eq!(s.rows(), 4);
         // past it (steps far apart): clean full batches double back to the most
         let hold = COLLISION_HOLD.as_millis() as u64;
@@ -234,47 +209,8 @@ mod tests {
                 Duration::from_micros(100),
                 false,
                 at(2009 + hold + k as u64),
-                None,
             );
             assert_eq!(s.rows(), want);
         }
-    }
-
-    #[test]
-    fn at_a_cadence_batches_keep_within_its_room() {
-        // 100 µs latency, 10 µs per read: 64 rows take 740 µs, over a room of 400 µs
-        let mut s = sizer();
-        run(&mut s, 100, 0, 6);
-        assert_eq!(s.rows(), 64);
-        let room = Some(Duration::from_micros(400));
-        s.record(64, Duration::from_micros(740), false, at(3000), room);
-        assert!(s.rows() < 64 && s.rows() >= 4, "{}", s.rows());
-        // shrinking in proportion to the time, then growing only while twice the batch's time
-        // stays within the room
-        for _ in 0..20 {
-            let n = s.rows();
-            let took = Duration::from_micros(100 + 10 * n as u64);
-            s.record(n, took, false, at(3000), room);
-        }
-        // it settles where a batch fits the room and a batch twice as big would not
-        let time = |n: usize| 100 + 10 * n as u64;
-        assert!(
-            time(s.rows()) <= 400 && time(2 * s.rows()) > 400,
-            "{}",
-            s.rows()
-        );
-        // no cadence: back to the most
-        run(&mut s, 100, 10, 4);
-        assert_eq!(s.rows(), 64);
-    }
-
-    #[test]
-    fn batch_time_is_the_recent_mean() {
-        let mut s = sizer();
-        assert_eq!(s.batch_time(), None);
-        s.record(4, Duration::from_micros(400), false, at(0), None);
-        assert_eq!(s.batch_time(), Some(Duration::from_micros(400)));
-        s.record(4, Duration::from_micros(800), false, at(0), None);
-        assert_eq!(s.batch_time(), Some(Duration::from_micros(500)));
     }
 }
