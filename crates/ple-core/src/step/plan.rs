@@ -117,10 +117,15 @@ impl AheadSource {
                 Err(e) => log::info!("read-ahead: buffered reads ({e})"),
             }
         }
-        match BufferedReader::open(path, rb) {
-            Some(u) => Ok(Box::new(u)),
-            None => Ok(Box::new(PreadRows::open(path, rb)?)),
+        if let Some(u) = BufferedReader::open(path, rb) {
+            return Ok(Box::new(u));
         }
+        // (a descriptor of its own on the table's open file: the path may be gone by now)
+        let file = table
+            .file()
+            .try_clone()
+            .map_err(|e| Error::io("duplicating the row file's descriptor", e))?;
+        Ok(Box::new(PreadRows::new(file, rb)))
     }
 }
 

@@ -103,6 +103,12 @@ impl crate::io::source::RowSource for BufferedReader {
         })
     }
 
+    /// WILLNEED for the rows' pages ([`willneed_rows`](crate::io::source::willneed_rows)):
+    /// they are read into the page cache, where a later batch finds them.
+    fn hint(&mut self, ids: &[u64]) -> Result<()> {
+        crate::io::source::willneed_rows(self.file.as_raw_fd(), ids, self.row_bytes)
+    }
+
     fn name(&self) -> &'static str {
         "buffered io_uring"
     }

@@ -50,6 +50,35 @@ pub trait RowSource {
     fn name(&self) -> &'static str;
 }
 
+/// `POSIX_FADV_WILLNEED` for the OS pages of rows `ids` (of `row_bytes`) of the file `fd`, one
+/// call per run of adjacent pages: the page-cache backends' [`RowSource::hint`]. The kernel
+/// starts the reads and returns; the pages then serve a later read without waiting for storage.
+pub(crate) fn willneed_rows(fd: std::os::fd::RawFd, ids: &[u64], row_bytes: usize) -> Result<()> {
+    let ps = crate::sys::os_page_size() as u64;
+    let rb = row_bytes as u64;
+    let mut pages: Vec<(u64, u64)> = ids
+        .iter()
+        .map(|&r| (r * rb / ps, (r * rb + rb).div_ceil(ps)))
+        .collect();
+    pages.sort_unstable();
+    let mut run: Option<(u64, u64)> = None;
+    let advise = |(a, b): (u64, u64)| {
+        crate::sys::fadvise(fd, a * ps, (b - a) * ps, libc::POSIX_FADV_WILLNEED)
+            .map_err(|e| crate::error::Error::io("posix_fadvise(WILLNEED) of rows", e))
+    };
+    for (a, b) in pages {
+        run = match run {
+            Some((s, e)) if a <= e => Some((s, e.max(b))),
+            Some(r) => {
+                advise(r)?;
+                Some((a, b))
+            }
+            None => Some((a, b)),
+        };
+    }
+    run.map_or(Ok(()), advise)
+}
+
 impl<S: RowSource + ?Sized> RowSource for Box<S> {
     fn read(&mut self, ids: &[u64], out: &mut [u8]) -> Result<ReadReport> {
         (**self).read(ids, out)

@@ -15,7 +15,12 @@ impl PreadRows {
     /// A reader of the row file at `path` (rows of `row_bytes`).
     pub fn open(path: &std::path::Path, row_bytes: usize) -> Result<PreadRows> {
         let file = std::fs::File::open(path).map_err(|e| Error::io_path("opening", path, e))?;
-        Ok(PreadRows { file, row_bytes })
+        Ok(PreadRows::new(file, row_bytes))
+    }
+
+    /// A reader of rows of `row_bytes` through `file`.
+    pub fn new(file: std::fs::File, row_bytes: usize) -> PreadRows {
+        PreadRows { file, row_bytes }
     }
 }
 
@@ -35,6 +40,12 @@ impl RowSource for PreadRows {
             bytes: (ids.len() * rb) as u64,
             hits: 0,
         })
+    }
+
+    /// WILLNEED for the rows' pages ([`willneed_rows`](super::willneed_rows)).
+    fn hint(&mut self, ids: &[u64]) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        super::willneed_rows(self.file.as_raw_fd(), ids, self.row_bytes)
     }
 
     fn name(&self) -> &'static str {

@@ -101,3 +101,40 @@ fn the_cache_in_front_reads_only_its_misses() {
         assert_eq!(r.hits, mixed.len() as u64 - fresh);
     }
 }
+
+#[test]
+fn a_hint_brings_the_rows_pages_into_the_page_cache() {
+    let Some((_d, p)) = row_file() else { return };
+    let f = std::fs::File::open(&p).expect("open");
+    f.sync_all().expect("fsync");
+    // SAFETY: the file is not changed while mapped (this test owns it).
+    let map = unsafe { memmap2::Mmap::map(&f) }.expect("map");
+    use std::os::fd::AsRawFd;
+    let ps = crate::sys::os_page_size();
+    let ids = [7u64, 8, 3_000, 4_999];
+    let page_of = |r: u64| (r as usize * RB) / ps * ps;
+    let resident = |r: u64| crate::sys::any_resident(&map[page_of(r)..page_of(r) + 1]);
+    let mut backends: Vec<Box<dyn RowSource>> = vec![Box::new(PreadRows::open(&p, RB).unwrap())];
+    if let Some(b) = crate::io::mmap::buffered::BufferedReader::open(&p, RB) {
+        backends.push(Box::new(b));
+    }
+    for mut s in backends {
+        crate::sys::drop_cached(&map, f.as_raw_fd(), 0, map.len()).expect("drop");
+        if ids.iter().any(|&r| resident(r)) {
+            eprintln!("(the page cache keeps the file's pages here: hint not checked)");
+            return;
+        }
+        s.hint(&ids).expect("hint");
+        let t0 = std::time::Instant::now();
+        while !ids.iter().all(|&r| resident(r)) && t0.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert!(
+            ids.iter().all(|&r| resident(r)),
+            "{}: hinted pages cached",
+            s.name()
+        );
+        // and only those: a page no hinted row touches stays out
+        assert!(!resident(1_500), "{}", s.name());
+    }
+}
