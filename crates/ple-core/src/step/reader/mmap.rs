@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::io::cache;
 use crate::io::mmap::advice;
 use crate::io::mmap::gather;
+use crate::io::source::RowSource;
 use crate::stats::{self, Stats, StepRecord};
 use crate::step::options::{COLD_READ_MAX_ROWS, PrefetchPolicy};
 use crate::step::plan::ColdRead;
@@ -187,7 +188,7 @@ impl Reader {
             ColdRead::Direct(d) => {
                 // the rows' sectors read into the slot, all in flight; their pages are advised
                 // when the worker is next idle (`advise_pending`)
-                let r = lock(d).read_rows(&s.ids, staging)?;
+                let r = lock(d).read(&s.ids, staging)?;
                 stats::thread_read_bytes_delta(); // (the reads' bytes, counted here)
                 rec.storage_reads = r.reads;
                 rec.io.read_bytes += r.bytes;
@@ -199,7 +200,7 @@ impl Reader {
             ColdRead::Buffered(u) => {
                 // the rows read through the page cache straight into the slot, all in flight
                 // at once: no fault, and cached rows cost no storage read
-                lock(u).read_rows(&s.ids, staging)?;
+                lock(u).read(&s.ids, staging)?;
                 rec.pages_prefetched = s.pages.len() as u64;
                 rec.io.read_bytes += stats::thread_read_bytes_delta();
                 Ok(true)
