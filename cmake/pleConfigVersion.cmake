@@ -1,6 +1,6 @@
 # Writes libple's CMake package version file with CMake's own write_basic_package_version_file
 # (run by scripts/install.sh):
-#   cmake -DPLE_VERSION=0.2.0 -DOUT=<prefix>/lib/cmake/ple/pleConfigVersion.cmake -P cmake/pleConfigVersion.cmake
+#   cmake -DPLE_VERSION=0.3.0 -DOUT=<prefix>/lib/cmake/ple/pleConfigVersion.cmake -P cmake/pleConfigVersion.cmake
 # Compatibility: SameMinorVersion while at 0.x (the ABI may change with the minor version),
 # SameMajorVersion from 1.0 on. libple is built for 64-bit targets only, so a 32-bit consumer is
 # told the package is unsuitable.

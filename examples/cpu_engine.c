@@ -21,15 +21,17 @@
         }                                                                                           \
     } while (0)
 
-/* The engine's per-step hidden state the PLE embedding is added to. */
+/* The engine's per-step hidden state the PLE embedding is added to, `dim` = ple_info.embed_dim
+ * (the table's num_heads * head_dim) floats per token. */
 static float *hidden;
+static size_t dim;
 
 static void consume(ple_handle *h, uint64_t seq, uint32_t num_tokens) {
     /* ple_dequant_cpu waits for the step, adds its rows into `hidden`, and frees its ring slot. */
-    memset(hidden, 0, sizeof(float) * num_tokens * PLE_EMBED_DIM);
-    TRY(ple_dequant_cpu(h, seq, hidden, PLE_DTYPE_F32, PLE_EMBED_DIM, PLE_FUSE_ACCUMULATE));
+    memset(hidden, 0, sizeof(float) * num_tokens * dim);
+    TRY(ple_dequant_cpu(h, seq, hidden, PLE_DTYPE_F32, dim, PLE_FUSE_ACCUMULATE));
     double sum = 0;
-    for (size_t i = 0; i < (size_t)num_tokens * PLE_EMBED_DIM; i++) sum += hidden[i] * hidden[i];
+    for (size_t i = 0; i < (size_t)num_tokens * dim; i++) sum += hidden[i] * hidden[i];
     printf("step %3llu: %4u tokens, |ple| = %.3f\n", (unsigned long long)seq, num_tokens, sum);
 }
 
@@ -53,7 +55,8 @@ int main(int argc, char **argv) {
     info.struct_size = sizeof info;
     TRY(ple_table_info(h, &info));
     const int32_t eos = info.eos_token_id; /* also the BOS of this model family */
-    hidden = malloc(sizeof(float) * 1024 * PLE_EMBED_DIM);
+    dim = info.embed_dim;
+    hidden = malloc(sizeof(float) * 1024 * dim);
 
     /* Prefill: request 1, a 512-token chunk starting with BOS (= EOS), tracked mode (context NULL:
      * libple remembers each request's recent tokens by position). */

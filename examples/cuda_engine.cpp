@@ -34,7 +34,7 @@ struct device_deleter {
     void operator()(void *p) const noexcept { cudaFree(p); }
 };
 
-static const int DIM = PLE_EMBED_DIM;
+static size_t DIM = PLE_MAX_EMBED_DIM;  // the table's embed_dim once open (buffers sized by the maximum)
 
 static int run(const char *table_dir) {
     int devices = 0;
@@ -59,6 +59,7 @@ static int run(const char *table_dir) {
     // Declared after the stream and the buffer, so it is closed before they are freed.
     ple_handle_ptr h = ple::open(table_dir, &opts);
     const int32_t EOS = ple::table_info(h.get()).eos_token_id;
+    DIM = ple::table_info(h.get()).embed_dim;  // row stride of `hidden`: the table's width
 
     // Prefill: one 2048-token chunk for request 1.
     std::vector<int32_t> toks(2048), pos(2048);

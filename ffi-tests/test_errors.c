@@ -97,7 +97,7 @@ int main(void) {
     uint32_t qs[2] = {0, 1};
     ple_batch b = {&tok, &pos, 1, &rid, qs, 1, NULL};
     int64_t ids[16];
-    float out[PLE_EMBED_DIM];
+    float out[2560]; /* refused before use: any size */
     const uint8_t *rows = NULL;
     uint32_t ntok = 0;
     CHECK_STATUS(ple_table_info(NULL, &info), PLE_E_INVALID_ARGUMENT);
@@ -109,8 +109,8 @@ int main(void) {
     CHECK_STATUS(ple_wait(NULL, 1, 0), PLE_E_INVALID_ARGUMENT);
     CHECK_STATUS(ple_packed_rows(NULL, 1, &rows, &ntok), PLE_E_INVALID_ARGUMENT);
     CHECK_STATUS(ple_release_step(NULL, 1), PLE_E_INVALID_ARGUMENT);
-    CHECK_STATUS(ple_dequant_cpu(NULL, 1, out, PLE_DTYPE_F32, PLE_EMBED_DIM, 0), PLE_E_INVALID_ARGUMENT);
-    CHECK_STATUS(ple_dequant_fuse(NULL, NULL, 1, out, PLE_DTYPE_F32, PLE_EMBED_DIM, 0), PLE_E_INVALID_ARGUMENT);
+    CHECK_STATUS(ple_dequant_cpu(NULL, 1, out, PLE_DTYPE_F32, 2560, 0), PLE_E_INVALID_ARGUMENT);
+    CHECK_STATUS(ple_dequant_fuse(NULL, NULL, 1, out, PLE_DTYPE_F32, 2560, 0), PLE_E_INVALID_ARGUMENT);
     CHECK_STATUS(ple_ngram_ids(NULL, &b, ids), PLE_E_INVALID_ARGUMENT);
     CHECK_STATUS(ple_release_request(NULL, 1), PLE_E_INVALID_ARGUMENT);
 

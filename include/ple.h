@@ -21,7 +21,7 @@
 #define PLE_VERSION_MAJOR 0
 
 // Minor version (the ABI changes with it while the major version is 0).
-#define PLE_VERSION_MINOR 2
+#define PLE_VERSION_MINOR 3
 
 // Patch version.
 #define PLE_VERSION_PATCH 0
@@ -29,11 +29,15 @@
 // ABI version: `major * 10000 + minor * 100 + patch`, as returned by `ple_abi_version()`.
 #define PLE_ABI_VERSION (((PLE_VERSION_MAJOR * 10000) + (PLE_VERSION_MINOR * 100)) + PLE_VERSION_PATCH)
 
-// Row ids per token (16 heads).
-#define PLE_NUM_HEADS 16
+// Most heads a table may have: a token's row ids (`ple_info.num_heads`; the shipped model: 16).
+// Size buffers from `ple_info`, not from these maxima.
+#define PLE_MAX_HEADS 64
 
-// Elements of one token's PLE embedding (16 heads x 160).
-#define PLE_EMBED_DIM 2560
+// Largest head dim (elements per row, `ple_info.head_dim`; the shipped model: 160).
+#define PLE_MAX_HEAD_DIM 4096
+
+// Largest embedding width (`ple_info.embed_dim = num_heads * head_dim`; the shipped model: 2560).
+#define PLE_MAX_EMBED_DIM 32768
 
 // Most requests a handle tracks at once (tracked mode). A batch that would track more is refused
 // with `PLE_E_STATE` (requests are never evicted: an evicted request would read wrong context);
@@ -335,17 +339,17 @@ typedef struct ple_info {
   size_t struct_size;
   // `PLE_FORMAT_NVFP4`, `_FP8`, `_BF16` or `_F32`.
   ple_format format;
-  // Bytes per row (90, 160, 320 or 640).
+  // Bytes per row (the shipped model's 16 × 160: 90, 160, 320 or 640).
   uint32_t row_bytes;
   // Rows in the row file (padded).
   uint64_t total_rows;
   // Rows the hash can address (sum of head sizes).
   uint64_t addressed_rows;
-  // Heads of the whole table (16).
+  // Heads of the whole table: row ids per token (the shipped model: 16; at most `PLE_MAX_HEADS`).
   uint32_t num_heads;
-  // Elements per head (160).
+  // Elements per head (the shipped model: 160).
   uint32_t head_dim;
-  // N-gram order (3).
+  // N-gram order (the shipped model: 3).
   uint32_t ngram_size;
   // Token ids are in `[0, vocab_size)`.
   uint32_t vocab_size;
@@ -382,6 +386,15 @@ typedef struct ple_info {
   // a token's `ple_packed_rows` is head `shard_first_head + j·shard_head_stride`'s. Appended in
   // 0.2.
   uint32_t shard_head_stride;
+  // Elements of one token's embedding, `num_heads * head_dim` (the shipped model: 2560): size
+  // `ple_dequant_*` outputs by it (`out_stride >= embed_dim`). Appended in 0.3.
+  uint32_t embed_dim;
+  // Heads per n-gram order: `num_heads = (ngram_size - 1) * heads_per_ngram` (the shipped
+  // model: 8). Appended in 0.3.
+  uint32_t heads_per_ngram;
+  // The PLE layer's index among the checkpoint's PLE layers (`ple_layer_index`; its hash
+  // parameters depend on it). Appended in 0.3.
+  uint32_t ple_layer_index;
 } ple_info;
 
 // Cumulative counters of a handle, filled by `ple_stats()` (named `ple_counters` in C). Times
@@ -734,9 +747,9 @@ ple_status ple_packed_rows(const struct ple_handle *handle, uint64_t seq, const 
 // Safe for any argument values (the handle is looked up, never dereferenced).
 ple_status ple_release_step(struct ple_handle *handle, uint64_t seq);
 
-// Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of `PLE_EMBED_DIM`
+// Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of `ple_info.embed_dim`
 // elements of `out_dtype`, row `t` at `out + t * out_stride` elements
-// (`out_stride >= PLE_EMBED_DIM`). `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`.
+// (`out_stride >= embed_dim`). `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`.
 //
 // Waits for the step first, up to the handle's `wait_timeout_us` (so a small `wait_timeout_us`
 // bounds this call too: `PLE_E_TIMEOUT`), then dequantises and releases its slot. The step is
@@ -744,7 +757,7 @@ ple_status ple_release_step(struct ple_handle *handle, uint64_t seq);
 // place for a retry. A step that failed returns its own error, and is released by that.
 //
 // # Safety
-// `out` is NULL or valid for reads and writes of `(num_tokens - 1) * out_stride + PLE_EMBED_DIM`
+// `out` is NULL or valid for reads and writes of `(num_tokens - 1) * out_stride + embed_dim`
 // elements of `out_dtype`, aligned for it, and not accessed by anyone else during the call.
 ple_status ple_dequant_cpu(struct ple_handle *handle, uint64_t seq, void *out, ple_dtype out_dtype, size_t out_stride, ple_fuse_flags flags);
 

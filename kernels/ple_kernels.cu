@@ -24,8 +24,8 @@
  *               failed}, written before done.
  * Device control block `dctrl`: dev_seq (u64 at DEV_SEQ, graph mode: the step the next replay
  * consumes), claim (u32 at DEV_CLAIM, the error epoch last claimed), gates[s] (Gate at DEV_GATES).
- * Rows of slot s at rows + s * slot_stride ([num_tokens][heads][row_bytes], heads = 16 but for
- * a head shard): the mapped pinned
+ * Rows of slot s at rows + s * slot_stride ([num_tokens][heads][row_bytes], heads = the table's
+ * num_heads but for a head shard): the mapped pinned
  * staging itself in device-wait modes (zero-copy, read with ld.global.cv: fetched from host
  * memory on every read, never from a stale cached line), device memory after an H2D copy in host
  * wait mode.
@@ -43,9 +43,12 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
 
-#define PLE_EMBED 2560
-#define PLE_HEAD_DIM 160
-#define ITEMS_PER_TOKEN 320 /* 8 elements per item */
+/* The table's geometry is DequantParams' (head_dim, row_bytes, items_per_token = num_heads *
+ * head_dim / KERNEL_ITEM; head_dim a multiple of KERNEL_ITEM, checked on the host). The shipped
+ * model's (16 heads of 160) gets its own instantiation with these as constants. */
+#define KERNEL_ITEM 8 /* output elements per work item, all of one head */
+#define SHIPPED_HEAD_DIM 160
+#define SHIPPED_ITEMS_PER_TOKEN 320
 #define DEQUANT_BLOCK 256
 
 #define FMT_NVFP4 1
@@ -123,7 +126,7 @@ struct DequantParams {
     u64 dctrl;
     u64 expected;    /* the step unless FLAG_GRAPH */
     u64 out;         /* device output base */
-    u64 out_stride;  /* elements between tokens, >= 2560 */
+    u64 out_stride;  /* elements between tokens, >= num_heads * head_dim */
     u32 slots;
     u32 capacity;    /* tokens `out` holds */
     u32 expect_n;    /* ungated: the verified token count */
@@ -134,6 +137,9 @@ struct DequantParams {
     u16 first_head;  /* the step's rows are heads first_head + j * head_stride, j < heads: */
     u16 heads;       /* heads rows per token; other heads' columns: -0 (accumulate: untouched) */
     u16 head_stride; /* >= 1 */
+    u32 head_dim;        /* elements per row: a multiple of KERNEL_ITEM (nvfp4: of 16) */
+    u32 row_bytes;       /* bytes per row */
+    u32 items_per_token; /* num_heads * head_dim / KERNEL_ITEM (the whole table's heads) */
 };
 
 struct AdvanceParams {
@@ -151,7 +157,7 @@ static_assert(sizeof(SlotHeader) == 16, "SlotHeader layout");
 static_assert(sizeof(DevError) == 32, "DevError layout");
 static_assert(sizeof(Gate) == 16, "Gate layout");
 static_assert(sizeof(WaitParams) == 48, "WaitParams layout");
-static_assert(sizeof(DequantParams) == 96, "DequantParams layout");
+static_assert(sizeof(DequantParams) == 104, "DequantParams layout");
 static_assert(sizeof(AdvanceParams) == 16, "AdvanceParams layout");
 static_assert(sizeof(SetParams) == 24, "SetParams layout");
 
@@ -339,20 +345,28 @@ static __device__ __forceinline__ float bf16_bits_to_f32(u32 h) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* decode: 8 consecutive elements e0..e0+7 (e0 % 8 == 0: one row, one nvfp4 scale block)      */
+/* decode: 8 consecutive elements e0..e0+7 of a token's packed rows (e0 % 8 == 0 and head_dim %  */
+/* 8 == 0: one row, one nvfp4 scale block). ROW_BYTES: a row of the shipped head dim (160).    */
 /* ------------------------------------------------------------------------------------------ */
 
 template <int FMT> struct Fmt;
 
 template <> struct Fmt<FMT_NVFP4> {
-    enum : u32 { TOKEN_BYTES = 1440 };
-    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float scale, float v[8],
-                                                  bool zc) {
-        u32 h = e0 / PLE_HEAD_DIM, j = e0 - h * PLE_HEAD_DIM;
-        const u8 *row = tok + h * 90u;
-        const u16 *c = (const u16 *)(row + (j >> 1)); /* 2-byte aligned: h*90 and j/2 are even */
-        u32 codes = ld_u16(c, zc) | (ld_u16(c + 1, zc) << 16);
-        float bs = e4m3_to_f32(ld_u8(row + 80u + (j >> 4), zc));
+    enum : u32 { ROW_BYTES = 90 };
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, u32 hd, u32 rb,
+                                                  float scale, float v[8], bool zc) {
+        u32 h = e0 / hd, j = e0 - h * hd;
+        const u8 *row = tok + h * rb;
+        const u8 *cb = row + (j >> 1); /* j % 8 == 0: 4 bytes of codes, j/2 even */
+        u32 codes;
+        if ((rb & 1u) == 0) { /* even rows (head_dim % 32 == 0): the codes are 2-byte aligned */
+            const u16 *c = (const u16 *)cb;
+            codes = ld_u16(c, zc) | (ld_u16(c + 1, zc) << 16);
+        } else {
+            codes = ld_u8(cb, zc) | (ld_u8(cb + 1, zc) << 8) | (ld_u8(cb + 2, zc) << 16) |
+                    (ld_u8(cb + 3, zc) << 24);
+        }
+        float bs = e4m3_to_f32(ld_u8(row + (hd >> 1) + (j >> 4), zc));
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             float p = __fmul_rn(e2m1_to_f32((codes >> (4 * k)) & 0xFu), bs);
@@ -362,9 +376,9 @@ template <> struct Fmt<FMT_NVFP4> {
 };
 
 template <> struct Fmt<FMT_FP8> {
-    enum : u32 { TOKEN_BYTES = 2560 };
-    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float scale, float v[8],
-                                                  bool zc) {
+    enum : u32 { ROW_BYTES = 160 };
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, u32, u32, float scale,
+                                                  float v[8], bool zc) {
         /* row h byte j == token byte e0 (row_bytes == head_dim); 8-byte aligned */
         uint2 b = ld_v2(tok + e0, zc);
 #pragma unroll
@@ -376,9 +390,9 @@ template <> struct Fmt<FMT_FP8> {
 };
 
 template <> struct Fmt<FMT_BF16> {
-    enum : u32 { TOKEN_BYTES = 5120 };
-    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float, float v[8],
-                                                  bool zc) {
+    enum : u32 { ROW_BYTES = 320 };
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, u32, u32, float,
+                                                  float v[8], bool zc) {
         uint4 b = ld_v4(tok + 2u * e0, zc); /* 16-byte aligned */
         u32 w[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
@@ -390,10 +404,10 @@ template <> struct Fmt<FMT_BF16> {
 };
 
 template <> struct Fmt<FMT_F32> {
-    enum : u32 { TOKEN_BYTES = 10240 };
-    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, float, float v[8],
-                                                  bool zc) {
-        /* little-endian f32 values, as is; 16-byte aligned (row_bytes 640, e0 % 8 == 0) */
+    enum : u32 { ROW_BYTES = 640 };
+    static __device__ __forceinline__ void decode(const u8 *tok, u32 e0, u32, u32, float,
+                                                  float v[8], bool zc) {
+        /* little-endian f32 values, as is; 16-byte aligned (row_bytes 4 * head_dim, e0 % 8 == 0) */
         uint4 a = ld_v4(tok + 4u * e0, zc), b = ld_v4(tok + 4u * e0 + 16u, zc);
         v[0] = __int_as_float((int)a.x);
         v[1] = __int_as_float((int)a.y);
@@ -491,32 +505,36 @@ template <int DT> struct Out16 {
 template <> struct Out<DT_F16> : Out16<DT_F16> {};
 template <> struct Out<DT_BF16> : Out16<DT_BF16> {};
 
-template <int FMT, int DT>
+/* SHIPPED: the table is 16 heads of 160 (its geometry as constants); else p's. */
+template <int FMT, int DT, bool SHIPPED>
 static __device__ void dequant_body(const DequantParams &p, u64 expected, u32 n) {
+    const u32 hd = SHIPPED ? (u32)SHIPPED_HEAD_DIM : p.head_dim;
+    const u32 rb = SHIPPED ? (u32)Fmt<FMT>::ROW_BYTES : p.row_bytes;
+    const u32 ipt = SHIPPED ? (u32)SHIPPED_ITEMS_PER_TOKEN : p.items_per_token;
     const u8 *rows = (const u8 *)(p.rows + (expected % p.slots) * p.slot_stride);
     bool acc = (p.flags & FLAG_ACCUMULATE) != 0;
     bool vec = (p.flags & FLAG_VEC) != 0;
     bool zc = (p.flags & FLAG_ZERO_COPY) != 0;
     u32 elem = DT == DT_F32 ? 4u : 2u;
     u32 first = p.first_head, step = p.head_stride;
-    u64 tok_bytes = (u64)(Fmt<FMT>::TOKEN_BYTES / 16u) * p.heads; /* a head shard's rows */
-    u64 total = (u64)n * ITEMS_PER_TOKEN;
+    u64 tok_bytes = (u64)rb * p.heads; /* a head shard's rows */
+    u64 total = (u64)n * ipt;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
-        u32 tok = (u32)(i / ITEMS_PER_TOKEN);
-        u32 e0 = (u32)(i - (u64)tok * ITEMS_PER_TOKEN) * 8u;
+        u32 tok = (u32)(i / ipt);
+        u32 e0 = (u32)(i - (u64)tok * ipt) * KERNEL_ITEM;
         float v[8];
-        /* the 8 elements lie in one head (PLE_HEAD_DIM is a multiple of 8): its place j among
+        /* the 8 elements lie in one head (head_dim is a multiple of 8): its place j among
            the step's heads, or none */
-        u32 h = e0 / PLE_HEAD_DIM, d = h - first, j = d / step;
+        u32 h = e0 / hd, d = h - first, j = d / step;
         if (h < first || d % step != 0 || j >= p.heads) {
             /* another shard's heads: -0 (x + -0 == x), or nothing */
             if (acc) continue;
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = -0.0f;
         } else {
-            u32 e = j * PLE_HEAD_DIM + (e0 - h * PLE_HEAD_DIM); /* in the token's packed rows */
-            Fmt<FMT>::decode(rows + (u64)tok * tok_bytes, e, p.scale, v, zc);
+            u32 e = j * hd + (e0 - h * hd); /* in the token's packed rows */
+            Fmt<FMT>::decode(rows + (u64)tok * tok_bytes, e, hd, rb, p.scale, v, zc);
         }
         Out<DT>::store(p.out + (u64)tok * p.out_stride * elem, e0, v, acc, vec);
     }
@@ -526,11 +544,12 @@ static __device__ void dequant_body(const DequantParams &p, u64 expected, u32 n)
 template <int DT> static __device__ void nan_fill(const DequantParams &p, u32 n) {
     bool vec = (p.flags & FLAG_VEC) != 0;
     u32 elem = DT == DT_F32 ? 4u : 2u;
-    u64 total = (u64)n * ITEMS_PER_TOKEN;
+    u32 ipt = p.items_per_token;
+    u64 total = (u64)n * ipt;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (u64)gridDim.x * blockDim.x) {
-        u32 tok = (u32)(i / ITEMS_PER_TOKEN);
-        u32 e0 = (u32)(i - (u64)tok * ITEMS_PER_TOKEN) * 8u;
+        u32 tok = (u32)(i / ipt);
+        u32 e0 = (u32)(i - (u64)tok * ipt) * KERNEL_ITEM;
         float v[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = __int_as_float(0x7FC00000);
@@ -582,14 +601,22 @@ extern "C" __global__ void ple_wait_gate(WaitParams p) {
     g->ok = ok;
 }
 
-template <int DT> static __device__ void body_for(const DequantParams &p, u64 expected, u32 n) {
+template <int DT, bool SHIPPED>
+static __device__ void body_for_shape(const DequantParams &p, u64 expected, u32 n) {
     switch (p.fmt) {
-    case FMT_NVFP4: dequant_body<FMT_NVFP4, DT>(p, expected, n); break;
-    case FMT_FP8: dequant_body<FMT_FP8, DT>(p, expected, n); break;
-    case FMT_BF16: dequant_body<FMT_BF16, DT>(p, expected, n); break;
-    case FMT_F32: dequant_body<FMT_F32, DT>(p, expected, n); break;
+    case FMT_NVFP4: dequant_body<FMT_NVFP4, DT, SHIPPED>(p, expected, n); break;
+    case FMT_FP8: dequant_body<FMT_FP8, DT, SHIPPED>(p, expected, n); break;
+    case FMT_BF16: dequant_body<FMT_BF16, DT, SHIPPED>(p, expected, n); break;
+    case FMT_F32: dequant_body<FMT_F32, DT, SHIPPED>(p, expected, n); break;
     default: break; /* validated on the host */
     }
+}
+
+template <int DT> static __device__ void body_for(const DequantParams &p, u64 expected, u32 n) {
+    if (p.head_dim == SHIPPED_HEAD_DIM && p.items_per_token == SHIPPED_ITEMS_PER_TOKEN)
+        body_for_shape<DT, true>(p, expected, n);
+    else
+        body_for_shape<DT, false>(p, expected, n);
 }
 
 /*
@@ -597,7 +624,7 @@ template <int DT> static __device__ void body_for(const DequantParams &p, u64 ex
  * Ungated (after a host wait; the host checked the slot header): n = expect_n. Gated: thread 0 of
  * every block reads the verdict of ple_wait_gate from gates[slot] (device memory); a gate of
  * another step raises ERR_GATE_MISMATCH. Not ok: fills the tokens with NaN. Grid-stride over
- * n * 320 items of 8 elements.
+ * n * items_per_token items of 8 elements.
  */
 extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) ple_dequant(DequantParams p) {
     __shared__ u64 s_expected;

@@ -34,8 +34,8 @@ if [[ -z "$work" ]]; then
 fi
 mkdir -p "$work"
 target/release/ple synth-table "$work/table" --format nvfp4 --base 20000 --shards 8 --seed 3 >/dev/null
-# The SONAME is libple.so.0.2 (scripts/install.sh makes that link when installing).
-ln -sf "$PWD/$lib/libple.so" "$work/libple.so.0.2"
+# The SONAME is libple.so.0.3 (scripts/install.sh makes that link when installing).
+ln -sf "$PWD/$lib/libple.so" "$work/libple.so.0.3"
 san="${PLE_SOAK_SANITIZE-address,undefined}"
 sanflags=()
 if [[ -n "$san" ]]; then sanflags=(-fsanitize="$san" -fno-sanitize-recover=undefined); fi

@@ -51,7 +51,7 @@ trap 'rm -rf "$work"' EXIT
 prefix="$work/prefix"
 scripts/install.sh "$prefix" >/dev/null
 so=$(readlink -f "$prefix/lib/libple.so")
-readelf -d "$so" | grep -q "SONAME.*\[libple.so.0.2\]" || { echo "SONAME missing" >&2; exit 1; }
+readelf -d "$so" | grep -q "SONAME.*\[libple.so.0.3\]" || { echo "SONAME missing" >&2; exit 1; }
 others=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -v '^ple_' || true)
 [ -z "$others" ] || { echo "libple.so exports non-ple_ symbols:"; echo "$others"; exit 1; } >&2
 echo "SONAME and exported symbols ok ($(nm -D --defined-only "$so" | grep -c ' ple_') ple_* functions)"
@@ -66,14 +66,14 @@ env -u LD_LIBRARY_PATH "$work/pc_version"
 
 step "CMake package version rule (SameMinorVersion at 0.x)"
 mkdir -p "$work/vcheck"
-for want in "0.2 ok" "0.2.0 ok" "0.1 refused" "0.3 refused" "1.0 refused"; do
+for want in "0.3 ok" "0.3.0 ok" "0.2 refused" "0.4 refused" "1.0 refused"; do
   printf 'cmake_minimum_required(VERSION 3.16)\nproject(v NONE)\nfind_package(ple %s CONFIG REQUIRED)\n' \
     "${want% *}" > "$work/vcheck/CMakeLists.txt"
   if cmake -S "$work/vcheck" -B "$work/vcheck/build-${want% *}" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null 2>&1; then
     got=ok; else got=refused; fi
   [ "$got" = "${want#* }" ] || { echo "find_package(ple ${want% *}): $got, expected ${want#* }" >&2; exit 1; }
 done
-echo "find_package(ple 0.2 / 0.2.0) found; 0.1, 0.3 and 1.0 refused"
+echo "find_package(ple 0.3 / 0.3.0) found; 0.2, 0.4 and 1.0 refused"
 
 step "C tests through find_package(ple) and ctest"
 cmake -S ffi-tests -B "$work/ffi" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug >/dev/null
@@ -160,7 +160,8 @@ venv_py=$(scripts/torch-venv.sh)
 "$venv_py" -m pip install -q --disable-pip-version-check --no-deps --target "$work/hf-site" "$work"/wheels/ple-*.whl
 hf_env=(env -i PATH=/usr/bin:/bin HOME="$work" PYTHONPATH="$work/hf-site" HF_HUB_OFFLINE=1 PLE_BIN="$prefix/bin/ple")
 (cd "$work" && "${hf_env[@]}" PLE_EXPECT_TORCH=1 "$venv_py" -m pytest -q -rs -p no:cacheprovider \
-  "$root/python/tests/test_transformers.py" "$root/python/tests/test_transformers_import.py")
+  "$root/python/tests/test_transformers.py" "$root/python/tests/test_transformers_geometry.py" \
+  "$root/python/tests/test_transformers_import.py")
 "${hf_env[@]}" "$venv_py" examples/python/hf_generate.py --tiny "$work/hf-tiny" --check --max-new-tokens 12
 
 step "torch.distributed: head shards all-reduced over gloo (N = 2, 4) equal one unsharded handle bit for bit"

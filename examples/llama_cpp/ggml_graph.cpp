@@ -20,7 +20,7 @@
 #include <vector>
 
 static const llama_token EOS = 248044;
-static const int DIM = PLE_EMBED_DIM;
+static int DIM = 0;  // the table's embed_dim (ple_info), set once the table is open
 static const int N_VOCAB = 64;  // the stand-in token embedding's rows (token id % 64)
 
 struct ggml_context_deleter {
@@ -32,6 +32,7 @@ static int run(const char *table_dir) {
     o.max_tokens_per_step = 64;
     ple_handle_ptr handle = ple::open(table_dir, &o);  // closed when run returns or throws
     ple_handle *h = handle.get();
+    DIM = (int)ple::table_info(h).embed_dim;
 
     // a prompt step for two sequences, added interleaved (as a scheduler filling slots would)
     Batch batch(16, 1);

@@ -37,7 +37,6 @@ static void expect(bool ok, const char *what, int step) {
 
 static const llama_token EOS = 248044;
 static const int K = 2;  // ngram_size - 1
-static const size_t DIM = PLE_EMBED_DIM;
 
 // The fork's per-sequence token history, by position.
 using History = std::map<llama_seq_id, std::vector<llama_token>>;
@@ -143,7 +142,8 @@ static void check_step(ple_handle *ht, ple_handle *ho, const llama_batch &lb, Hi
     Offsets of;
     to_ple(lb, hist, pt);
     to_offsets(lb, hist, of);
-    size_t n = (size_t)lb.n_tokens, H = PLE_NUM_HEADS;
+    const ple_info info = ple::table_info(ht);
+    size_t n = (size_t)lb.n_tokens, H = info.num_heads, DIM = info.embed_dim;
     std::vector<int64_t> it(n * H), io(n * H);
     ple::check(ple_ngram_ids_tokens(ht, &pt.tb, it.data()));
     ple::check(ple_ngram_ids(ho, &of.b, io.data()));
@@ -158,7 +158,7 @@ static void check_step(ple_handle *ht, ple_handle *ho, const llama_batch &lb, Hi
     ple::check(ple_packed_rows(ht, seq, &rt, &nt));
     ple::check(ple_packed_rows(ho, seq, &ro, &no));
     expect(nt == n && no == n, "row counts", step);
-    size_t tb = H * ple::table_info(ht).row_bytes;
+    size_t tb = H * info.row_bytes;
     for (size_t g = 0; g < n; g++)
         expect(!std::memcmp(rt + of.perm[g] * tb, ro + g * tb, tb), "packed rows out of order", step);
 

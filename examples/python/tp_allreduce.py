@@ -59,7 +59,7 @@ def schedule(steps: int, seed: int = 7):
 
 
 def dequant(table: ple.Table, step: ple.Step, dtype, device) -> torch.Tensor:
-    out = torch.empty((step.num_tokens, ple.PLE_EMBED_DIM), dtype=dtype, device=device)
+    out = torch.empty((step.num_tokens, table.info.embed_dim), dtype=dtype, device=device)
     if device.type == "cuda":
         step.dequant_fuse(out, torch.cuda.current_stream(), dtype=dtype)
     else:

@@ -21,6 +21,7 @@ With torch installed the hidden states are a torch tensor (CPU here); without it
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import numpy as np
 
@@ -38,8 +39,9 @@ except ImportError:  # the example runs with numpy alone
 class TinyModel:
     """A stand-in for the model: a token embedding, then the PLE addend (layer 0's input)."""
 
-    def __init__(self, table: ple.Table, hidden_size: int = ple.PLE_EMBED_DIM):
+    def __init__(self, table: ple.Table, hidden_size: Optional[int] = None):
         self.table = table
+        hidden_size = hidden_size or table.info.embed_dim  # the PLE addend's width: the table's
         rng = np.random.default_rng(0)
         self.embed = rng.standard_normal((1024, hidden_size), dtype=np.float32) * 0.02
 

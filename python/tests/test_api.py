@@ -166,7 +166,8 @@ def test_info_and_stats_are_frozen_dataclasses_that_read_as_mappings(table_dir):
         assert isinstance(i, ple.TableInfo) and dataclasses.is_dataclass(i)
         assert (i.format, i.row_bytes, i.num_heads, i.head_dim) == ("nvfp4", 90, 16, 160)
         assert all(i[f.name] == getattr(i, f.name) for f in dataclasses.fields(i))
-        assert list(i) == [f.name for f in dataclasses.fields(i)] and len(i) == 22
+        assert list(i) == [f.name for f in dataclasses.fields(i)] and len(i) == 25
+        assert (i.embed_dim, i.heads_per_ngram, i.ple_layer_index) == (2560, 8, 0)
         assert json.loads(json.dumps({**i}))["source_name"] == i.source_name
         with pytest.raises(dataclasses.FrozenInstanceError):
             i.row_bytes = 1  # type: ignore[misc]

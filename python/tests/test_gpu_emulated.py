@@ -9,7 +9,10 @@ against the emulated CUDA driver (``ffi-tests/gpu/emulated.sh --build`` makes
         PLE_LIBRARY=target/release/libple.so PYTHONPATH=python/src pytest python/tests/test_gpu_emulated.py
 
 Expectations (an NVFP4 and an F32 table): each replay's output equals `dequant_cpu` of the same
-step on a CPU handle, bit for bit; a step over the captured capacity is NaN and `check_device` raises `PleStateError` once."""
+step on a CPU handle, bit for bit; a step over the captured capacity is NaN and `check_device` raises `PleStateError` once.
+Tables of other geometries (12 heads of 128, 16 of 64, NVFP4 rows of an odd byte count):
+`dequant_fuse` equals `dequant_cpu`, bit for bit; a head dim the kernel cannot serve (not a
+multiple of 8) is refused at open with a GPU, `PleUnsupportedError`."""
 
 from __future__ import annotations
 
@@ -49,10 +52,10 @@ class Cuda:
 
 
 class DeviceArray:
-    """`rows` x 2560 float32 in device memory, handed over by ``__cuda_array_interface__``."""
+    """`rows` x `dim` float32 in device memory, handed over by ``__cuda_array_interface__``."""
 
-    def __init__(self, cuda: Cuda, rows: int):
-        self.cuda, self.shape, self.nbytes = cuda, (rows, D), rows * D * 4
+    def __init__(self, cuda: Cuda, rows: int, dim: int = D):
+        self.cuda, self.shape, self.nbytes = cuda, (rows, dim), rows * dim * 4
         self.ptr = ctypes.c_uint64()
         cuda.ck(cuda.cu.cuMemAlloc_v2(ctypes.byref(self.ptr), ctypes.c_size_t(self.nbytes)), "cuMemAlloc")
         self.__cuda_array_interface__ = {"data": (self.ptr.value, False), "shape": self.shape,
@@ -117,3 +120,44 @@ def test_check_device_and_a_captured_graph_on_the_emulated_driver(cuda, tdir):
                 gpu.graph_prepare(stream, k + 2)  # after a device error: prepare with the next step
         cuda.ck(cuda.cu.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")
         cuda.ck(cuda.cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+
+def _geometry_table(tmp_path, fmt: str, ngram: int, hpn: int, head_dim: int) -> str:
+    ck, tab = str(tmp_path / "ckpt"), str(tmp_path / "table")
+    args = ["synth-checkpoint", ck, "--format", fmt, "--base", "700", "--shards", "3", "--seed", "5",
+            "--ngram-size", str(ngram), "--heads-per-ngram", str(hpn), "--head-dim", str(head_dim)]  # fmt: skip
+    subprocess.run([_ple_bin(), *args], check=True, capture_output=True)
+    subprocess.run([_ple_bin(), "pack", ck, tab], check=True, capture_output=True)
+    return tab
+
+
+@pytest.mark.parametrize("fmt, ngram, hpn, head_dim", [("nvfp4", 4, 4, 128), ("fp8", 2, 16, 64), ("nvfp4", 2, 5, 48)])
+def test_other_geometries_dequant_on_the_device_as_on_the_cpu(cuda, tmp_path, fmt, ngram, hpn, head_dim):
+    tab = _geometry_table(tmp_path, fmt, ngram, hpn, head_dim)
+    rng = np.random.default_rng(11)
+    with ple.Table(tab, cuda_device=0, wait_timeout_us=3_000_000) as gpu, ple.Table(tab) as cpu:
+        dim = gpu.info.embed_dim
+        assert (gpu.info.num_heads, gpu.info.head_dim, dim) == ((ngram - 1) * hpn, head_dim, (ngram - 1) * hpn * head_dim)
+        for k, n in enumerate([1, 7, 40]):
+            toks = rng.integers(0, 248320, n).astype(np.int32)
+            pos = np.arange(n, dtype=np.int32)
+            ids = dict(request_ids=[200 + k], query_start=[0, n])
+            want = cpu.submit(toks, pos, **ids).dequant_cpu()
+            assert want.shape == (n, dim) and np.isfinite(want).all() and want.any()
+            out = DeviceArray(cuda, n, dim)
+            out.fill(7.0)
+            step = gpu.submit(toks, pos, **ids)
+            gpu.dequant_fuse(step.seq, out, cuda.stream.value)
+            cuda.sync()
+            gpu.check_device()
+            np.testing.assert_array_equal(out.get(), want)
+
+
+def test_a_head_dim_the_kernel_cannot_serve_is_refused_with_a_gpu(cuda, tmp_path):
+    tab = _geometry_table(tmp_path, "fp8", 3, 2, 12)  # 12: not a multiple of 8
+    with ple.Table(tab) as cpu:  # the CPU path serves it
+        assert cpu.info.head_dim == 12
+        assert cpu.submit(np.arange(3, dtype=np.int32), np.arange(3, dtype=np.int32), request_ids=[1],
+                          query_start=[0, 3]).dequant_cpu().shape == (3, 48)  # fmt: skip
+    with pytest.raises(ple.PleUnsupportedError, match="head_dim 12"):
+        ple.Table(tab, cuda_device=0)

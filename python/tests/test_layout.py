@@ -161,8 +161,9 @@ def _header_values(names: list[str], tmp_path) -> dict[str, int]:
 def test_lib_constants_match_the_header(tmp_path):
     """The values `_lib` spells by hand (model constants, PLE_CACHE_AUTO, the enum tables)."""
     expect = {
-        "PLE_NUM_HEADS": _lib.PLE_NUM_HEADS,
-        "PLE_EMBED_DIM": _lib.PLE_EMBED_DIM,
+        "PLE_MAX_HEADS": _lib.PLE_MAX_HEADS,
+        "PLE_MAX_HEAD_DIM": _lib.PLE_MAX_HEAD_DIM,
+        "PLE_MAX_EMBED_DIM": _lib.PLE_MAX_EMBED_DIM,
         "PLE_CACHE_AUTO": _lib.PLE_CACHE_AUTO,
         "PLE_DTYPE_F32": _lib.DTYPE_F32,
         "PLE_DTYPE_F16": _lib.DTYPE_F16,

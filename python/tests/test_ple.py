@@ -267,9 +267,9 @@ def test_dequant_fuse_argument_plumbing(table):
     class FakeCuda:
         __cuda_array_interface__ = {"data": (0x1000, False), "shape": (8, D), "typestr": "<f2", "version": 3}
 
-    d = _arrays.device_output(FakeCuda())
+    d = _arrays.device_output(FakeCuda(), D)
     assert (d.ptr, d.rows, d.stride, d.dtype) == (0x1000, 8, D, _lib.DTYPE_F16)
-    assert _arrays.device_output(FakeCuda(), dtype="bfloat16").dtype == _lib.DTYPE_BF16
+    assert _arrays.device_output(FakeCuda(), D, dtype="bfloat16").dtype == _lib.DTYPE_BF16
 
     class TorchLikeStream:
         cuda_stream = 0xABC
@@ -387,7 +387,7 @@ def test_torch_cpu_tensors():
     a = _arrays.host_input(t, np.int32, "tokens")
     assert a.ctypes.data == t.data_ptr()  # read in place
     out = torch.zeros(4, D, dtype=torch.bfloat16)
-    d = _arrays.host_output(out)
+    d = _arrays.host_output(out, D)
     assert (d.ptr, d.rows, d.stride, d.dtype) == (out.data_ptr(), 4, D, _lib.DTYPE_BF16)
 
 
@@ -396,7 +396,7 @@ def test_the_bundled_library_is_loaded():
         pytest.skip("PLE_LIBRARY overrides the bundled libple.so")
     here = os.path.dirname(os.path.abspath(ple.__file__))
     assert _lib._find_library() == os.path.join(here, "libple.so")
-    assert ple.version().startswith("0.2.")
+    assert ple.version().startswith("0.3.")
     if os.environ.get("PLE_EXPECT_INSTALLED"):  # scripts/test.sh: the wheel in a fresh venv
         assert here.startswith(sys.prefix) and "site-packages" in here, here
         assert shutil.which("cargo") is None and shutil.which("rustc") is None

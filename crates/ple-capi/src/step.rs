@@ -148,9 +148,9 @@ pub unsafe extern "C" fn ple_release_step(handle: *mut ple_handle, seq: u64) -> 
     })
 }
 
-/// Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of `PLE_EMBED_DIM`
+/// Dequantises step `seq`'s rows into host memory `out`: `[num_tokens]` rows of `ple_info.embed_dim`
 /// elements of `out_dtype`, row `t` at `out + t * out_stride` elements
-/// (`out_stride >= PLE_EMBED_DIM`). `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`.
+/// (`out_stride >= embed_dim`). `flags`: `PLE_FUSE_ACCUMULATE` adds into `out`.
 ///
 /// Waits for the step first, up to the handle's `wait_timeout_us` (so a small `wait_timeout_us`
 /// bounds this call too: `PLE_E_TIMEOUT`), then dequantises and releases its slot. The step is
@@ -158,7 +158,7 @@ pub unsafe extern "C" fn ple_release_step(handle: *mut ple_handle, seq: u64) -> 
 /// place for a retry. A step that failed returns its own error, and is released by that.
 ///
 /// # Safety
-/// `out` is NULL or valid for reads and writes of `(num_tokens - 1) * out_stride + PLE_EMBED_DIM`
+/// `out` is NULL or valid for reads and writes of `(num_tokens - 1) * out_stride + embed_dim`
 /// elements of `out_dtype`, aligned for it, and not accessed by anyone else during the call.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ple_dequant_cpu(

@@ -18,17 +18,20 @@ use std::path::PathBuf;
 /// Major version of this header and library.
 pub const PLE_VERSION_MAJOR: u32 = 0;
 /// Minor version (the ABI changes with it while the major version is 0).
-pub const PLE_VERSION_MINOR: u32 = 2;
+pub const PLE_VERSION_MINOR: u32 = 3;
 /// Patch version.
 pub const PLE_VERSION_PATCH: u32 = 0;
 /// ABI version: `major * 10000 + minor * 100 + patch`, as returned by `ple_abi_version()`.
 pub const PLE_ABI_VERSION: u32 =
     PLE_VERSION_MAJOR * 10000 + PLE_VERSION_MINOR * 100 + PLE_VERSION_PATCH;
 
-/// Row ids per token (16 heads).
-pub const PLE_NUM_HEADS: u32 = 16;
-/// Elements of one token's PLE embedding (16 heads x 160).
-pub const PLE_EMBED_DIM: u32 = 2560;
+/// Most heads a table may have: a token's row ids (`ple_info.num_heads`; the shipped model: 16).
+/// Size buffers from `ple_info`, not from these maxima.
+pub const PLE_MAX_HEADS: u32 = 64;
+/// Largest head dim (elements per row, `ple_info.head_dim`; the shipped model: 160).
+pub const PLE_MAX_HEAD_DIM: u32 = 4096;
+/// Largest embedding width (`ple_info.embed_dim = num_heads * head_dim`; the shipped model: 2560).
+pub const PLE_MAX_EMBED_DIM: u32 = 32768;
 /// Most requests a handle tracks at once (tracked mode). A batch that would track more is refused
 /// with `PLE_E_STATE` (requests are never evicted: an evicted request would read wrong context);
 /// `ple_release_request` forgets finished ones.
@@ -61,8 +64,9 @@ const _: () = {
     use ple_core::format::pack;
     use ple_core::model;
     use ple_core::step::options as o;
-    assert!(PLE_NUM_HEADS as usize == model::NUM_HEADS);
-    assert!(PLE_EMBED_DIM as usize == model::PLE_EMBED_DIM);
+    assert!(PLE_MAX_HEADS as usize == model::MAX_HEADS);
+    assert!(PLE_MAX_HEAD_DIM as usize == model::MAX_HEAD_DIM);
+    assert!(PLE_MAX_EMBED_DIM as usize == model::MAX_EMBED_DIM);
     assert!(PLE_CACHE_AUTO == o::CACHE_AUTO);
     assert!(PLE_MAX_TOKENS_PER_STEP_MAX == o::MAX_TOKENS_PER_STEP_MAX);
     assert!(PLE_MAX_IN_FLIGHT_MAX == o::MAX_IN_FLIGHT_MAX);
@@ -366,17 +370,17 @@ pub struct ple_table_info {
     pub struct_size: usize,
     /// `PLE_FORMAT_NVFP4`, `_FP8`, `_BF16` or `_F32`.
     pub format: ple_format,
-    /// Bytes per row (90, 160, 320 or 640).
+    /// Bytes per row (the shipped model's 16 × 160: 90, 160, 320 or 640).
     pub row_bytes: u32,
     /// Rows in the row file (padded).
     pub total_rows: u64,
     /// Rows the hash can address (sum of head sizes).
     pub addressed_rows: u64,
-    /// Heads of the whole table (16).
+    /// Heads of the whole table: row ids per token (the shipped model: 16; at most `PLE_MAX_HEADS`).
     pub num_heads: u32,
-    /// Elements per head (160).
+    /// Elements per head (the shipped model: 160).
     pub head_dim: u32,
-    /// N-gram order (3).
+    /// N-gram order (the shipped model: 3).
     pub ngram_size: u32,
     /// Token ids are in `[0, vocab_size)`.
     pub vocab_size: u32,
@@ -413,6 +417,15 @@ pub struct ple_table_info {
     /// a token's `ple_packed_rows` is head `shard_first_head + j·shard_head_stride`'s. Appended in
     /// 0.2.
     pub shard_head_stride: u32,
+    /// Elements of one token's embedding, `num_heads * head_dim` (the shipped model: 2560): size
+    /// `ple_dequant_*` outputs by it (`out_stride >= embed_dim`). Appended in 0.3.
+    pub embed_dim: u32,
+    /// Heads per n-gram order: `num_heads = (ngram_size - 1) * heads_per_ngram` (the shipped
+    /// model: 8). Appended in 0.3.
+    pub heads_per_ngram: u32,
+    /// The PLE layer's index among the checkpoint's PLE layers (`ple_layer_index`; its hash
+    /// parameters depend on it). Appended in 0.3.
+    pub ple_layer_index: u32,
 }
 
 // `ple_stats` (`ple_counters` in C) and `counters_to_c`, generated from the core's counter list.
@@ -614,6 +627,9 @@ pub fn info_with_io_to_c(i: &TableInfo, io: IoInfo) -> ple_table_info {
         shard_first_head: i.first_head,
         shard_heads: i.shard_heads,
         shard_head_stride: i.head_stride,
+        embed_dim: i.num_heads * i.head_dim,
+        heads_per_ngram: i.heads_per_ngram,
+        ple_layer_index: u32::try_from(i.ple_layer_index).unwrap_or(u32::MAX),
     };
     copy_c_string(&mut c.source_name, &i.source_name);
     copy_c_string(&mut c.source_fingerprint, &i.source_fingerprint);
@@ -633,7 +649,7 @@ pub fn out_args(dtype: ple_dtype, stride: usize, flags: ple_fuse_flags) -> Resul
         stride,
         accumulate: flags & PLE_FUSE_ACCUMULATE != 0,
     };
-    args.check()?;
+    args.check_max()?;
     Ok(args)
 }
 

@@ -134,16 +134,17 @@ fn absurd_staging_is_refused_at_open_with_the_bytes_needed() {
 fn a_failed_dequant_leaves_the_step_intact() {
     let (_d, dir) = table();
     let h = open(&dir, &options(|_| {}));
-    let mut out = vec![0f32; 8 * PLE_EMBED_DIM as usize];
-    // SAFETY: (whole block) `h` is open; `out` holds 8 rows of PLE_EMBED_DIM f32.
+    const DIM: usize = 2560; // the test table: 16 heads of 160
+    let mut out = vec![0f32; 8 * DIM];
+    // SAFETY: (whole block) `h` is open; `out` holds 8 rows of DIM f32.
     unsafe {
         assert_eq!(submit(h, 1, 8, 1), PLE_OK);
         let p = out.as_mut_ptr() as *mut c_void;
         for (stride, dtype, flags) in [
             (usize::MAX, PLE_DTYPE_F32, 0),
-            (PLE_EMBED_DIM as usize - 1, PLE_DTYPE_F32, 0),
-            (PLE_EMBED_DIM as usize, 99, 0),
-            (PLE_EMBED_DIM as usize, PLE_DTYPE_F32, 0x80),
+            (DIM - 1, PLE_DTYPE_F32, 0),
+            (DIM, 99, 0),
+            (DIM, PLE_DTYPE_F32, 0x80),
         ] {
             let s = ple_dequant_cpu(h, 1, p, dtype, stride, flags);
             assert_eq!(
@@ -151,7 +152,7 @@ fn a_failed_dequant_leaves_the_step_intact() {
                 "stride {stride} dtype {dtype} flags {flags}"
             );
         }
-        let s = ple_dequant_cpu(h, 1, p, PLE_DTYPE_F32, PLE_EMBED_DIM as usize, 0);
+        let s = ple_dequant_cpu(h, 1, p, PLE_DTYPE_F32, DIM, 0);
         assert_eq!(s, PLE_OK, "retry after refused arguments: {}", last_error());
         assert!(out.iter().any(|&v| v != 0.0), "the retry wrote the rows");
         // consumed now, by the call that succeeded

@@ -6,6 +6,8 @@
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 
+// The shipped model's constants: the defaults of a config.json that lacks a field. A table's
+// own geometry (heads, head dim, n-gram size) is data (`TableMeta`), bounded by the maxima below.
 pub const VOCAB_SIZE: u32 = 248_320;
 pub const EOS_TOKEN_ID: i32 = 248_044;
 pub const NGRAM_SIZE: u32 = 3;
@@ -19,6 +21,13 @@ pub const DIVISIBLE_BY: u64 = 128;
 pub const SPLIT_NGRAM_PARTS: u32 = 128;
 pub const SEED: u64 = 1234;
 pub const PLE_LAYER_INDEX: u64 = 0;
+/// Most heads a table may have (`PLE_MAX_HEADS`): the rows per token libple gathers, hashes
+/// and dequantises; the GPU kernel's head fields are 16-bit.
+pub const MAX_HEADS: usize = 64;
+/// Largest head dim (elements per row) a table may have (`PLE_MAX_HEAD_DIM`).
+pub const MAX_HEAD_DIM: usize = 4096;
+/// Largest embedding width `num_heads * head_dim` a table may have (`PLE_MAX_EMBED_DIM`).
+pub const MAX_EMBED_DIM: usize = 32768;
 /// Largest n-gram order accepted from a file (the window is `ngram_size` tokens).
 pub const MAX_NGRAM_SIZE: u32 = 8;
 /// Largest `heads_per_ngram` accepted from a file; with [`MAX_NGRAM_SIZE`] the head count
@@ -372,6 +381,36 @@ impl HashParams {
     }
 }
 
+/// How a table's rows decode: row format, global scale and geometry (`num_heads` rows of
+/// `head_dim` elements per token, one embedding of `num_heads * head_dim` elements).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowSpec {
+    pub format: RowFormat,
+    pub global_scale: f32,
+    pub num_heads: usize,
+    pub head_dim: usize,
+}
+
+impl RowSpec {
+    /// The shipped model's geometry (16 heads of 160) in `format`.
+    pub fn shipped(format: RowFormat, global_scale: f32) -> RowSpec {
+        RowSpec {
+            format,
+            global_scale,
+            num_heads: NUM_HEADS,
+            head_dim: HEAD_DIM,
+        }
+    }
+    /// Elements of one token's embedding: `num_heads * head_dim`.
+    pub fn embed_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.format.row_bytes(self.head_dim)
+    }
+}
+
 /// How the rows of a table are stored (`docs/FORMAT.md#row-formats-and-dequantisation`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -384,6 +423,21 @@ pub enum RowFormat {
 }
 
 impl RowFormat {
+    /// Checks that rows of `head_dim` elements are representable in this format: NVFP4 needs a
+    /// multiple of 16 (one E4M3 scale per 16-element block), the others any head dim >= 1; and
+    /// `head_dim <= MAX_HEAD_DIM`.
+    pub fn check_head_dim(self, head_dim: usize) -> std::result::Result<(), String> {
+        if head_dim == 0 || head_dim > MAX_HEAD_DIM {
+            return Err(format!("head_dim {head_dim} not in [1, {MAX_HEAD_DIM}]"));
+        }
+        if self == RowFormat::Nvfp4 && head_dim % 16 != 0 {
+            return Err(format!(
+                "head_dim {head_dim} is not a multiple of 16 (an nvfp4 row has one scale per 16 elements)"
+            ));
+        }
+        Ok(())
+    }
+
     /// Bytes of one row for a head of `head_dim` elements.
     pub fn row_bytes(self, head_dim: usize) -> usize {
         self.code_bytes(head_dim) + self.scale_bytes(head_dim)

@@ -19,8 +19,9 @@ use crate::model::HashParams;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
-/// Largest `count`: one head per shard.
-pub const MAX_SHARDS: u32 = crate::model::NUM_HEADS as u32;
+/// Largest `count` (`PLE_SHARD_COUNT_MAX`); a table of fewer heads takes at most one shard per
+/// head (checked where the table is known, `shard_rows`).
+pub const MAX_SHARDS: u32 = 16;
 
 /// The heads a handle serves: `first + j·step` for `j < len` (ascending; `step >= 1`). Row `j` of
 /// a token's step rows is head `get(j)`'s.

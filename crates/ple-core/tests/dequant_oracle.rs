@@ -3,14 +3,16 @@
 //! and without accumulate. Rows cover every byte value (E4M3 NaN codes 0x7F/0xFF, subnormals, all
 //! E2M1 nibbles), for BF16 every 16-bit pattern and, for F32, the f16/bf16 rounding edges
 //! (ties, overflow to inf, subnormals, NaN payloads) then random bit patterns and random values
-//! across f16's range.
+//! across f16's range. The shipped geometry (16 heads of 160) takes every case; other geometries
+//! (12 × 128, 16 × 64, nvfp4 rows of an odd byte count, odd head dims for the unblocked formats)
+//! take every dtype × accumulate at one scale.
 //!
 //! Needs `python3` with `numpy` and `ml_dtypes`. Where they are missing the test is skipped with a
 //! loud message — unless `CI=true`, where it fails.
 
 use half::{bf16, f16};
 use ple_core::dequant::{Dtype, Out, dequant_rows};
-use ple_core::model::RowFormat;
+use ple_core::model::{RowFormat, RowSpec};
 use std::path::Path;
 use std::process::Command;
 
@@ -39,11 +41,15 @@ fn oracle_available() -> bool {
     ok
 }
 
-/// Rows for `tokens` tokens: the first bytes (or, for BF16, 16-bit words) enumerate every value,
-/// the rest are random (F32: edge values first, then random patterns and values).
-fn rows(format: RowFormat, tokens: usize, seed: u64) -> Vec<u8> {
-    let rb = format.row_bytes(160);
-    let mut v = vec![0u8; tokens * 16 * rb];
+/// Rows for `tokens` tokens of `spec`'s geometry: the first bytes (or, for BF16, 16-bit words)
+/// enumerate every value, the rest are random (F32: edge values first, then random patterns and
+/// values).
+fn rows(spec: &RowSpec, tokens: usize, seed: u64) -> Vec<u8> {
+    let format = spec.format;
+    let rb = spec.row_bytes();
+    let heads = spec.num_heads;
+    let code_bytes = format.code_bytes(spec.head_dim);
+    let mut v = vec![0u8; tokens * heads * rb];
     let mut s = seed;
     for b in v.iter_mut() {
         *b = splitmix(&mut s) as u8;
@@ -97,13 +103,13 @@ fn rows(format: RowFormat, tokens: usize, seed: u64) -> Vec<u8> {
         }
         RowFormat::Nvfp4 => {
             // every code byte value and every scale byte value, over the first rows
-            let n_rows = tokens * 16;
+            let n_rows = tokens * heads;
             for r in 0..n_rows.min(64) {
                 let row = &mut v[r * rb..(r + 1) * rb];
-                for (j, b) in row[..80].iter_mut().enumerate() {
-                    *b = ((r * 80 + j) % 256) as u8;
+                for (j, b) in row[..code_bytes].iter_mut().enumerate() {
+                    *b = ((r * code_bytes + j) % 256) as u8;
                 }
-                for (j, b) in row[80..].iter_mut().enumerate() {
+                for (j, b) in row[code_bytes..].iter_mut().enumerate() {
                     *b = ((r * 10 + j) % 256) as u8;
                 }
             }
@@ -153,8 +159,7 @@ fn init_bytes(dtype: Dtype, n: usize, seed: u64) -> Vec<u8> {
     reason = "the flat argument list the callers already hold"
 )]
 fn run_lib(
-    format: RowFormat,
-    scale: f32,
+    spec: &RowSpec,
     rows: &[u8],
     tokens: usize,
     dtype: Dtype,
@@ -163,24 +168,14 @@ fn run_lib(
     init: &[u8],
     pool: Option<&rayon::ThreadPool>,
 ) -> Vec<u8> {
-    let n = (tokens - 1) * stride + 2560;
+    let n = (tokens - 1) * stride + spec.embed_dim();
     match dtype {
         Dtype::F32 => {
             let mut o: Vec<f32> = init
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
                 .collect();
-            dequant_rows(
-                format,
-                scale,
-                rows,
-                tokens,
-                Out::F32(&mut o),
-                stride,
-                acc,
-                pool,
-            )
-            .unwrap();
+            dequant_rows(spec, rows, tokens, Out::F32(&mut o), stride, acc, pool).unwrap();
             o.iter().flat_map(|x| x.to_le_bytes()).collect()
         }
         Dtype::F16 => {
@@ -189,17 +184,7 @@ fn run_lib(
                 .map(|b| f16::from_le_bytes([b[0], b[1]]))
                 .collect();
             assert_eq!(o.len(), n);
-            dequant_rows(
-                format,
-                scale,
-                rows,
-                tokens,
-                Out::F16(&mut o),
-                stride,
-                acc,
-                pool,
-            )
-            .unwrap();
+            dequant_rows(spec, rows, tokens, Out::F16(&mut o), stride, acc, pool).unwrap();
             o.iter().flat_map(|x| x.to_le_bytes()).collect()
         }
         Dtype::Bf16 => {
@@ -207,17 +192,7 @@ fn run_lib(
                 .chunks_exact(2)
                 .map(|b| bf16::from_le_bytes([b[0], b[1]]))
                 .collect();
-            dequant_rows(
-                format,
-                scale,
-                rows,
-                tokens,
-                Out::Bf16(&mut o),
-                stride,
-                acc,
-                pool,
-            )
-            .unwrap();
+            dequant_rows(spec, rows, tokens, Out::Bf16(&mut o), stride, acc, pool).unwrap();
             o.iter().flat_map(|x| x.to_le_bytes()).collect()
         }
     }
@@ -234,6 +209,8 @@ fn dequant_matches_ml_dtypes_bit_for_bit() {
         .build()
         .unwrap();
     let mut case = 0;
+    // (format, heads, head dim, scales, tokens)
+    let mut geometries: Vec<(RowFormat, usize, usize, Vec<f32>, usize)> = Vec::new();
     for format in [
         RowFormat::Nvfp4,
         RowFormat::Fp8,
@@ -242,28 +219,49 @@ fn dequant_matches_ml_dtypes_bit_for_bit() {
     ] {
         // global scales: the generated tables' ones, a non-power-of-two, one that overflows f16
         // and bf16 ranges' ends, one that underflows into subnormals
-        let scales: &[f32] = match format {
-            RowFormat::Bf16 | RowFormat::F32 => &[1.0],
-            _ => &[0.015625, 0.012_345_679, 3.0e4, 1.0e-7],
+        let scales: Vec<f32> = match format {
+            RowFormat::Bf16 | RowFormat::F32 => vec![1.0],
+            _ => vec![0.015625, 0.012_345_679, 3.0e4, 1.0e-7],
         };
         let tokens = match format {
             RowFormat::Bf16 => 70,
             RowFormat::F32 => 40,
             _ => 80,
         };
-        for &scale in scales {
-            let r = rows(format, tokens, case as u64 + 17);
+        let other = scales[1.min(scales.len() - 1)];
+        geometries.push((format, 16, 160, scales.clone(), tokens));
+        // the other shapes: 12 heads of 128 (n-gram 4 × 4), 16 heads of 64 (n-gram 2)
+        geometries.push((format, 12, 128, vec![other], tokens));
+        geometries.push((format, 16, 64, vec![other], 70));
+        match format {
+            // rows of 27 bytes: codes and scales at odd offsets
+            RowFormat::Nvfp4 => geometries.push((format, 5, 48, vec![other], 40)),
+            // a head dim no block size divides
+            _ => geometries.push((format, 3, 7, vec![scales[0]], 40)),
+        }
+    }
+    for (format, num_heads, head_dim, scales, tokens) in geometries {
+        for &scale in &scales {
+            let global_scale = scale;
+            let spec = RowSpec {
+                format,
+                global_scale,
+                num_heads,
+                head_dim,
+            };
+            let dim = spec.embed_dim();
+            let r = rows(&spec, tokens, case as u64 + 17);
             for dtype in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
                 for acc in [false, true] {
                     case += 1;
-                    let stride = 2560 + 3 * (case % 2);
-                    let n = (tokens - 1) * stride + 2560;
+                    let stride = dim + 3 * (case % 2);
+                    let n = (tokens - 1) * stride + dim;
                     let init = init_bytes(dtype, n, case as u64);
                     // the parallel path on even cases, the serial one on odd cases
                     let p = if case % 2 == 0 { Some(&pool) } else { None };
-                    let out = run_lib(format, scale, &r, tokens, dtype, stride, acc, &init, p);
+                    let out = run_lib(&spec, &r, tokens, dtype, stride, acc, &init, p);
                     let cd = dir.path().join(format!(
-                        "{case:03}-{}-{}-{}-{scale}",
+                        "{case:03}-{}-{num_heads}x{head_dim}-{}-{}-{global_scale}",
                         format.name(),
                         dtype.name(),
                         if acc { "acc" } else { "set" }
@@ -273,8 +271,9 @@ fn dequant_matches_ml_dtypes_bit_for_bit() {
                     std::fs::write(cd.join("init.bin"), &init).unwrap();
                     std::fs::write(cd.join("out.bin"), &out).unwrap();
                     let meta = serde_json::json!({
-                        "format": format.name(), "global_scale": scale, "dtype": dtype.name(),
+                        "format": format.name(), "global_scale": global_scale, "dtype": dtype.name(),
                         "accumulate": acc, "tokens": tokens, "stride": stride,
+                        "num_heads": num_heads, "head_dim": head_dim,
                     });
                     std::fs::write(cd.join("meta.json"), meta.to_string()).unwrap();
                 }

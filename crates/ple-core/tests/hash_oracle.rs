@@ -136,9 +136,31 @@ fn ids_match_python_oracle() {
         ple_layer_index: 2,
         ..ModelConfig::default()
     };
+    // the geometries of issue 38's tiny models: n-gram 4 × 4 heads, n-gram 2 × 16 heads (the
+    // shipped vocabulary and EOS)
+    let four_by_four = ModelConfig {
+        ngram_size: 4,
+        heads_per_ngram: 4,
+        ple_embed_dim: 12 * 128,
+        ngram_vocab_size_base: 2_000,
+        ..ModelConfig::default()
+    };
+    let bigram16 = ModelConfig {
+        ngram_size: 2,
+        heads_per_ngram: 16,
+        ple_embed_dim: 16 * 64,
+        ngram_vocab_size_base: 2_000,
+        ..ModelConfig::default()
+    };
     let mut rng = Rng(0x5eed);
     let mut cases = Vec::new();
-    for (cfg, count) in [(shipped, 1600), (four_gram, 300), (bigram, 300)] {
+    for (cfg, count) in [
+        (shipped, 1600),
+        (four_gram, 300),
+        (bigram, 300),
+        (four_by_four, 300),
+        (bigram16, 300),
+    ] {
         let seqs: Vec<Vec<i32>> = (0..count)
             .map(|_| {
                 let len = 1 + rng.below(100) as usize;

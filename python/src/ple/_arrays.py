@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple, cast
 import numpy as np
 
 from ._errors import invalid_argument
-from ._lib import DTYPE_BF16, DTYPE_F16, DTYPE_F32, PLE_EMBED_DIM
+from ._lib import DTYPE_BF16, DTYPE_F16, DTYPE_F32
 from ._types import ArrayLike, CudaArrayInterface, DeviceOutput, HostOutput, StreamLike, TensorLike
 
 if TYPE_CHECKING:
@@ -165,35 +165,36 @@ class OutDesc:
 
 
 def _desc(
-    ptr: int, shape: Sequence[int], strides_el: Optional[Tuple[int, ...]], dtype: int, what: str
+    ptr: int, shape: Sequence[int], strides_el: Optional[Tuple[int, ...]], dtype: int, what: str, dim: int
 ) -> OutDesc:
+    """`dim`: elements of one token's embedding (the table's ``info.embed_dim``)."""
     if len(shape) in (1, 2) and shape[0] == 0:
         # no rows: nothing to lay out (the strides of an empty array say nothing); the caller
         # refuses 0 rows against the step's tokens
-        return OutDesc(ptr, 0, PLE_EMBED_DIM, dtype)
+        return OutDesc(ptr, 0, dim, dtype)
     if len(shape) == 1:
-        if shape[0] % PLE_EMBED_DIM:
-            raise ValueError(f"{what}: 1-D output of {shape[0]} elements is not whole rows of {PLE_EMBED_DIM}")
+        if shape[0] % dim:
+            raise ValueError(f"{what}: 1-D output of {shape[0]} elements is not whole rows of {dim}")
         if strides_el is not None and strides_el[0] != 1:
             raise ValueError(f"{what}: a 1-D output must be contiguous")
-        return OutDesc(ptr, shape[0] // PLE_EMBED_DIM, PLE_EMBED_DIM, dtype)
+        return OutDesc(ptr, shape[0] // dim, dim, dtype)
     if len(shape) != 2:
-        raise ValueError(f"{what}: output must be 1-D or 2-D [tokens, >= {PLE_EMBED_DIM}], got shape {shape}")
+        raise ValueError(f"{what}: output must be 1-D or 2-D [tokens, >= {dim}], got shape {shape}")
     rows, cols = shape
-    if cols < PLE_EMBED_DIM:
-        raise ValueError(f"{what}: rows of {cols} elements are shorter than {PLE_EMBED_DIM}")
+    if cols < dim:
+        raise ValueError(f"{what}: rows of {cols} elements are shorter than {dim}")
     row_stride, col_stride = strides_el if strides_el is not None else (cols, 1)
-    if col_stride != 1 or (rows > 1 and row_stride < PLE_EMBED_DIM):
+    if col_stride != 1 or (rows > 1 and row_stride < dim):
         raise ValueError(f"{what}: each row must be contiguous (strides {strides_el})")
-    return OutDesc(ptr, rows, max(row_stride, PLE_EMBED_DIM), dtype)
+    return OutDesc(ptr, rows, max(row_stride, dim), dtype)
 
 
-def host_output(out: HostOutput) -> OutDesc:
+def host_output(out: HostOutput, dim: int) -> OutDesc:
     """Describes a writable host output: a numpy array or a CPU torch tensor."""
     if _is_torch(out):
         if out.device.type != "cpu":
             raise TypeError(f"dequant_cpu needs a CPU output, got a tensor on {out.device}")
-        return _desc(out.data_ptr(), tuple(out.shape), tuple(out.stride()), dtype_code(out.dtype), "out")
+        return _desc(out.data_ptr(), tuple(out.shape), tuple(out.stride()), dtype_code(out.dtype), "out", dim)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy array or a CPU torch tensor, got {type(out).__name__}")
     if not out.flags.writeable:
@@ -202,17 +203,17 @@ def host_output(out: HostOutput) -> OutDesc:
     strides = tuple(s // out.itemsize for s in out.strides)
     if any(s * out.itemsize != b for s, b in zip(strides, out.strides)):
         raise ValueError("out's strides are not whole elements")
-    return _desc(out.ctypes.data, out.shape, strides, code, "out")
+    return _desc(out.ctypes.data, out.shape, strides, code, "out", dim)
 
 
-def device_output(out: DeviceOutput, dtype: object = None) -> OutDesc:
+def device_output(out: DeviceOutput, dim: int, dtype: object = None) -> OutDesc:
     """Describes a device output: a torch CUDA tensor, or any object with
     ``__cuda_array_interface__`` (its typestr gives the dtype unless `dtype` is passed, as it
     must be for bfloat16, which the interface cannot name)."""
     if _is_torch(out):
         if out.device.type != "cuda":
             raise TypeError(f"dequant_fuse needs a CUDA output, got a tensor on {out.device}")
-        return _desc(out.data_ptr(), tuple(out.shape), tuple(out.stride()), dtype_code(out.dtype), "out")
+        return _desc(out.data_ptr(), tuple(out.shape), tuple(out.stride()), dtype_code(out.dtype), "out", dim)
     cai = getattr(cast(CudaArrayInterface, out), "__cuda_array_interface__", None)
     if cai is None:
         raise TypeError("out must be a torch CUDA tensor or have __cuda_array_interface__")
@@ -222,7 +223,7 @@ def device_output(out: DeviceOutput, dtype: object = None) -> OutDesc:
     el = None if strides is None else tuple(s // item for s in strides)
     if cai["data"][1]:
         raise ValueError("out is read-only (__cuda_array_interface__ data is marked read-only)")
-    return _desc(int(cai["data"][0]), tuple(cai["shape"]), el, code, "out")
+    return _desc(int(cai["data"][0]), tuple(cai["shape"]), el, code, "out", dim)
 
 
 def stream_handle(stream: StreamLike) -> int:

@@ -45,11 +45,12 @@ class TableInfo(_FieldMapping[Union[int, float, str]]):
     format : {"nvfp4", "fp8", "bf16", "f32"}
         The row format.
     row_bytes : int
-        Bytes per row (90, 160, 320 or 640).
+        Bytes per row (the shipped model's 160-element rows: 90, 160, 320 or 640).
     total_rows, addressed_rows : int
         Rows in the file (padded); rows the hash can address (the sum of the head sizes).
     num_heads, head_dim, ngram_size, vocab_size, eos_token_id : int
-        The model's shape (16 heads of 160 elements, n-gram order 3) and its EOS / BOS id.
+        The table's geometry (the shipped model: 16 heads of 160 elements, n-gram order 3) and
+        its EOS / BOS id.
     global_scale : float
         The global dequantisation scale (1.0 for bf16 and f32).
     file_size : int
@@ -67,7 +68,14 @@ class TableInfo(_FieldMapping[Union[int, float, str]]):
     shard_index, shard_count, shard_first_head, shard_heads, shard_head_stride : int
         The head shard served and its heads ``shard_first_head + j * shard_head_stride`` for
         ``j < shard_heads`` (round-robin: ``shard_index, shard_index + shard_count, ...``): 0 of
-        1, heads 0..16 for the whole table. `total_rows` and `file_size` are the open file's.
+        1, heads 0..num_heads for the whole table. `total_rows` and `file_size` are the open file's.
+    embed_dim : int
+        Elements of one token's embedding, ``num_heads * head_dim`` (the width of `dequant_*`
+        outputs).
+    heads_per_ngram : int
+        Heads per n-gram order (``num_heads = (ngram_size - 1) * heads_per_ngram``).
+    ple_layer_index : int
+        The PLE layer's index among the checkpoint's PLE layers (its hash depends on it).
     """
 
     format: TableFormat
@@ -92,6 +100,9 @@ class TableInfo(_FieldMapping[Union[int, float, str]]):
     shard_first_head: int
     shard_heads: int
     shard_head_stride: int
+    embed_dim: int
+    heads_per_ngram: int
+    ple_layer_index: int
 
 
 @dataclass(frozen=True)

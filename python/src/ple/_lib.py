@@ -31,8 +31,11 @@ c_int32_p = POINTER(c_int32)
 c_uint64_p = POINTER(c_uint64)
 c_uint32_p = POINTER(c_uint32)
 
-PLE_NUM_HEADS = 16
-PLE_EMBED_DIM = 2560
+# Maxima of a table's geometry (`ple.h`); a table's own is `Table.info` (num_heads, head_dim,
+# embed_dim)
+PLE_MAX_HEADS = 64
+PLE_MAX_HEAD_DIM = 4096
+PLE_MAX_EMBED_DIM = 32768
 # `cache_bytes` default: a 256 MiB row cache for a DIRECT handle, none for MMAP (`ple.h`)
 PLE_CACHE_AUTO = 2**64 - 1
 
@@ -131,6 +134,9 @@ class ple_info(Structure):
         ("shard_first_head", c_uint32),
         ("shard_heads", c_uint32),
         ("shard_head_stride", c_uint32),
+        ("embed_dim", c_uint32),
+        ("heads_per_ngram", c_uint32),
+        ("ple_layer_index", c_uint32),
     ]
 
 
@@ -153,7 +159,7 @@ def _find_library() -> str:
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libple.so")
     if os.path.exists(here):
         return here
-    return "libple.so.0.2"  # an installed libple on the loader's path
+    return "libple.so.0.3"  # an installed libple on the loader's path
 
 
 # every function of ple.h: name -> (restype, argtypes); tests/test_lib_signatures.py checks each

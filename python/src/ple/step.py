@@ -104,7 +104,7 @@ class Step:
         Parameters
         ----------
         out : numpy.ndarray or CPU torch tensor, optional
-            ``[>= num_tokens, >= 2560]`` (or flat) float32/float16/bfloat16; None: a new array.
+            ``[>= num_tokens, >= info.embed_dim]`` (or flat) float32/float16/bfloat16; None: a new array.
         dtype : numpy dtype, default float32
             The new array's dtype when `out` is None.
         accumulate : bool, default False
@@ -113,7 +113,7 @@ class Step:
         Returns
         -------
         numpy.ndarray or torch.Tensor
-            `out`, or the new ``[num_tokens, 2560]`` array.
+            `out`, or the new ``[num_tokens, info.embed_dim]`` array.
         """
         if out is None:
             return self.table.dequant_cpu(self, dtype=dtype, accumulate=accumulate)
@@ -132,7 +132,7 @@ class Step:
         Parameters
         ----------
         out : torch CUDA tensor or ``__cuda_array_interface__`` array
-            ``[>= num_tokens, >= 2560]`` device output.
+            ``[>= num_tokens, >= info.embed_dim]`` device output.
         stream : CUDA stream, optional
             Where the kernel is enqueued (None: the legacy default stream).
         dtype : dtype or name, optional

@@ -20,8 +20,6 @@ from ._lib import (
     FUSE_ACCUMULATE,
     IO_BACKENDS,
     IO_MODE,
-    PLE_EMBED_DIM,
-    PLE_NUM_HEADS,
     PREFETCH,
     RING_FULL,
     WAIT_MODE,
@@ -506,7 +504,7 @@ class Table:
         Returns
         -------
         numpy.ndarray
-            ``[num_tokens, 16]`` int64.
+            ``[num_tokens, info.num_heads]`` int64.
 
         Raises
         ------
@@ -514,7 +512,7 @@ class Table:
             As in `submit`.
         """
         b, keep, n = self._batch(tokens, positions, request_ids, query_start, token_request_ids, context)
-        out = np.empty((n, PLE_NUM_HEADS), np.int64)
+        out = np.empty((n, self.info.num_heads), np.int64)
         if isinstance(b, ple_token_batch):
             check(lib.ple_ngram_ids_tokens(self._ptr, ctypes.byref(b), out.ctypes.data))
         else:
@@ -570,7 +568,7 @@ class Table:
         Returns
         -------
         numpy.ndarray
-            ``[num_tokens, heads, row_bytes]`` uint8 (``heads`` is 16, or a head shard's
+            ``[num_tokens, heads, row_bytes]`` uint8 (``heads`` is ``info.num_heads``, or a head shard's
             ``info.shard_heads``). Valid until the step is consumed (``dequant_*``,
             `release_step`): libple then reuses the memory. The view keeps the handle open.
 
@@ -633,7 +631,7 @@ class Table:
         step : Step or int
             The step, or its seq (then `out` is needed unless this table submitted it).
         out : numpy.ndarray or CPU torch tensor, optional
-            ``[>= num_tokens, >= 2560]`` or flat; float32, float16 or bfloat16; rows contiguous,
+            ``[>= num_tokens, >= info.embed_dim]`` or flat; float32, float16 or bfloat16; rows contiguous,
             any row stride. None: a new array.
         dtype : numpy dtype, default float32
             The new array's dtype (float32, float16, ml_dtypes.bfloat16) when `out` is None.
@@ -643,7 +641,7 @@ class Table:
         Returns
         -------
         numpy.ndarray or torch.Tensor
-            `out`, or the new ``[num_tokens, 2560]`` array.
+            `out`, or the new ``[num_tokens, info.embed_dim]`` array.
 
         Raises
         ------
@@ -656,8 +654,8 @@ class Table:
         if out is None:
             if n is None:
                 raise TypeError("pass out= when the step is given by a seq this table did not submit")
-            out = np.zeros((n, PLE_EMBED_DIM), dtype)
-        d = _arrays.host_output(out)
+            out = np.zeros((n, self.info.embed_dim), dtype)
+        d = _arrays.host_output(out, self.info.embed_dim)
         self._check_rows(d.rows, n)
         flags = FUSE_ACCUMULATE if accumulate else 0
         check(lib.ple_dequant_cpu(self._ptr, _seq(step), d.ptr, d.dtype, d.stride, flags))
@@ -693,7 +691,7 @@ class Table:
         step : Step or int
             The step, or its seq.
         out : torch CUDA tensor or ``__cuda_array_interface__`` array
-            ``[>= num_tokens, >= 2560]`` device memory of the handle's device.
+            ``[>= num_tokens, >= info.embed_dim]`` device memory of the handle's device.
         stream : CUDA stream, optional
             ``torch.cuda.current_stream()``, a CuPy stream, a raw ``cudaStream_t`` int, or None
             (the legacy default stream).
@@ -711,7 +709,7 @@ class Table:
         PleError
             libple refused (a pending device error, a bad address, ...).
         """
-        d = _arrays.device_output(out, dtype)
+        d = _arrays.device_output(out, self.info.embed_dim, dtype)
         self._check_rows(d.rows, self._num_tokens(step))
         flags = FUSE_ACCUMULATE if accumulate else 0
         s = _arrays.stream_handle(stream)
@@ -779,7 +777,7 @@ class Table:
         PleError
             libple refused (a pending device error, no `graph_prepare`, ...).
         """
-        d = _arrays.device_output(out, dtype)
+        d = _arrays.device_output(out, self.info.embed_dim, dtype)
         cap = d.rows if capacity_tokens is None else _arrays.host_int(capacity_tokens, "capacity_tokens", 0, 2**32 - 1)
         if cap > d.rows:
             raise ValueError(f"capacity_tokens {cap}: out holds {d.rows} rows")

@@ -32,7 +32,6 @@ except ImportError as e:  # pragma: no cover
         f"5.23 or later): pip install 'transformers>=5.23' ({e})"
     ) from e
 
-from ._lib import PLE_EMBED_DIM, PLE_NUM_HEADS
 from ._pack import pack
 from ._types import PathLike
 from .step import Step
@@ -262,22 +261,24 @@ def table_hash_params(table: Table) -> Dict[str, Any]:
     dict
         ``ngram_heads_offsets``, ``ngram_heads_vocab_sizes``, ``layer_multipliers`` (an int, or
         ``"x (mod m)"`` where the head sizes do not pin it down), and the residues behind them;
-        empty for a shape libple does not serve.
+        of any geometry the table has.
     """
     i = table.info
     k = i.ngram_size - 1
-    if k != 2 or i.num_heads != PLE_NUM_HEADS:
-        return {}  # other shapes are refused on ngram_size / num_heads before these are compared
-    hpn = i.num_heads // k
-    probes = [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]  # (token, ctx1, ctx2)
+    hpn = i.heads_per_ngram
+    # probe 0: all zero; probe 1: the token 1; probe 1 + j: context token j (ctx_j, j back) 1
+    probes = [[0] * (k + 1) for _ in range(k + 2)]  # (token, ctx1, ..., ctxk)
+    for j in range(1, k + 2):
+        probes[j][j - 1] = 1
     toks = [p[0] for p in probes]
-    ctx = [c for p in probes for c in (p[2], p[1])]  # oldest first
+    ctx = [c for p in probes for c in reversed(p[1:])]  # oldest first
     ids = table.ngram_ids(toks, [k] * len(probes), request_ids=range(len(probes)),
                           query_start=range(len(probes) + 1), context=ctx).astype(object)  # fmt: skip
     offsets = [int(x) for x in ids[0]]
     sizes = [offsets[h + 1] - offsets[h] for h in range(len(offsets) - 1)] + [i.addressed_rows - offsets[-1]]
-    res = [[int(ids[j][h]) - offsets[h] for h in range(len(offsets))] for j in (1, 2, 3)]
-    heads = [range(len(sizes)), range(len(sizes)), range(hpn, len(sizes))]  # m2 only reaches trigram heads
+    res = [[int(ids[j][h]) - offsets[h] for h in range(len(offsets))] for j in range(1, k + 2)]
+    # the token's multiplier reaches every head; ctx_j's the heads of orders j - 1 and up
+    heads = [range(len(sizes))] + [range((j - 1) * hpn, len(sizes)) for j in range(1, k + 1)]
     mults = []
     for r, hs in zip(res, heads):
         x, m = _crt([r[h] for h in hs], [sizes[h] for h in hs])
@@ -316,15 +317,12 @@ def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
         ("ngram_size", i.ngram_size, module.ngram_size),
         ("num_heads", i.num_heads, module.ngram_heads),
         ("head_dim", i.head_dim, emb.embedding_dim),
-        ("ple_embed_dim", i.num_heads * i.head_dim, module.ngram_heads * emb.embedding_dim),
-        ("ple_embed_dim (libple's)", PLE_EMBED_DIM, module.ngram_heads * emb.embedding_dim),
+        ("ple_embed_dim", i.embed_dim, module.ngram_heads * emb.embedding_dim),
     ]
     for field, tv, mv in want:
         if tv != mv:
             raise ValueError(f"{table.path}: {field} differs: table {tv}, model ({name}) {mv}")
     got = table_hash_params(table)
-    if not got:  # libple opens only the model's shape; a table that is not cannot be compared
-        raise ValueError(f"{table.path}: ngram_size {i.ngram_size} / num_heads {i.num_heads}: not served")
     sizes = [int(x) for x in _buffer_values(module, "ngram_heads_vocab_sizes")]
     offsets = [int(x) for x in _buffer_values(module, "ngram_heads_offsets")]
     for field, mv in (("ngram_heads_vocab_sizes", sizes), ("ngram_heads_offsets", offsets)):

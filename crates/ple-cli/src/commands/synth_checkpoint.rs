@@ -30,6 +30,16 @@ pub struct SynthCheckpointArgs {
     /// Do not write config.json.
     #[arg(long)]
     pub no_config: bool,
+    /// ngram_size (the model's: 3).
+    #[arg(long, default_value_t = ple_core::model::NGRAM_SIZE)]
+    pub ngram_size: u32,
+    /// heads_per_ngram (the model's: 8).
+    #[arg(long, default_value_t = ple_core::model::HEADS_PER_NGRAM)]
+    pub heads_per_ngram: u32,
+    /// Elements per head: ple_embed_dim = (ngram_size - 1) × heads_per_ngram × head_dim (the
+    /// model's: 160).
+    #[arg(long, default_value_t = ple_core::model::HEAD_DIM as u32)]
+    pub head_dim: u32,
 }
 
 /// Writes a generated checkpoint (see [`ple_testkit::synth::write_checkpoint`]).
@@ -39,6 +49,19 @@ pub fn run(a: SynthCheckpointArgs) -> Result<()> {
     spec.shards_per_file = a.shards_per_file;
     spec.single_file = a.single_file;
     spec.write_config = !a.no_config;
+    spec.config.ngram_size = a.ngram_size;
+    spec.config.heads_per_ngram = a.heads_per_ngram;
+    let heads = ple_core::model::heads_of(a.ngram_size, a.heads_per_ngram);
+    spec.config.ple_embed_dim = u32::try_from(heads * a.head_dim as u64).map_err(|_| {
+        ple_core::Error::InvalidArgument(format!(
+            "{heads} heads × head_dim {} too wide",
+            a.head_dim
+        ))
+    })?;
+    spec.config.validate()?;
+    if let Err(m) = format.check_head_dim(a.head_dim as usize) {
+        return Err(ple_core::Error::InvalidArgument(m));
+    }
     if a.hash_tensors {
         spec = spec.with_hash_tensors();
     }

@@ -1,5 +1,6 @@
-//! Dequantisation on the CPU: a step's packed rows `[tokens][16][row_bytes]` → one embedding of
-//! 2,560 elements per token, as f32, f16 or bf16, row `t` at `out + t * stride`. A head shard's
+//! Dequantisation on the CPU: a step's packed rows `[tokens][num_heads][row_bytes]` → one
+//! embedding of `num_heads * head_dim` elements per token (the table's geometry, a [`RowSpec`];
+//! the shipped model: 16 × 160 = 2,560), as f32, f16 or bf16, row `t` at `out + t * stride`. A head shard's
 //! rows `[tokens][heads][row_bytes]` (`crate::shard`) fill their heads' columns; the other
 //! columns are written as -0.0 (the additive identity: `x + -0.0 == x` for every `x`, +0.0
 //! included, where `+0.0` would turn a -0.0 into +0.0), or left untouched when accumulating.
@@ -10,7 +11,7 @@
 //! (`kernels/ple_kernels.cu`) and the oracles implement it bit for bit.
 
 use crate::error::Result;
-use crate::model::{HEAD_DIM, NUM_HEADS, PLE_EMBED_DIM, RowFormat};
+use crate::model::{HEAD_DIM, RowFormat, RowSpec};
 use crate::shard::Heads;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -43,12 +44,12 @@ impl Dtype {
 }
 
 /// Where a dequant writes, checked once for the CPU and the GPU path: `[tokens]` rows of
-/// [`PLE_EMBED_DIM`] elements of `dtype`, token `t` at element `t * stride`.
+/// `embed_dim` elements of `dtype` (the table's), token `t` at element `t * stride`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutArgs {
     /// Output element type.
     pub dtype: Dtype,
-    /// Elements from one token's output row to the next (`>= 2560`).
+    /// Elements from one token's output row to the next (`>= embed_dim`).
     pub stride: usize,
     /// Add into the existing values (fp32 add, one rounding) instead of overwriting them.
     pub accumulate: bool,
@@ -58,11 +59,19 @@ impl OutArgs {
     /// Largest stride accepted: beyond it `tokens * stride * 4` could overflow an address.
     pub const MAX_STRIDE: usize = 1 << 40;
 
-    /// Checks the stride.
-    pub fn check(&self) -> Result<()> {
-        if self.stride < PLE_EMBED_DIM {
-            return crate::invalid!("out_stride {} < {PLE_EMBED_DIM} elements", self.stride);
+    /// Checks the stride against rows of `embed_dim` elements.
+    pub fn check(&self, embed_dim: usize) -> Result<()> {
+        if self.stride < embed_dim {
+            return crate::invalid!(
+                "out_stride {} < {embed_dim} elements (the table's embedding width)",
+                self.stride
+            );
         }
+        self.check_max()
+    }
+
+    /// Checks the stride is not above [`Self::MAX_STRIDE`] (what can be checked without a table).
+    pub fn check_max(&self) -> Result<()> {
         if self.stride > Self::MAX_STRIDE {
             return crate::invalid!(
                 "out_stride {} is larger than {} elements",
@@ -74,8 +83,8 @@ impl OutArgs {
     }
 
     /// Checks the stride and that `out` is aligned for the element type.
-    pub fn check_ptr(&self, out: usize) -> Result<()> {
-        self.check()?;
+    pub fn check_ptr(&self, out: usize, embed_dim: usize) -> Result<()> {
+        self.check(embed_dim)?;
         if out == 0 {
             return crate::invalid!("out is NULL");
         }
@@ -85,14 +94,13 @@ impl OutArgs {
         Ok(())
     }
 
-    /// Bytes from `out` that `num_tokens` tokens touch (the last token's row ends at 2560
-    /// elements; its padding is not needed).
-    pub fn extent_bytes(&self, num_tokens: u32) -> u64 {
+    /// Bytes from `out` that `num_tokens` tokens touch (the last token's row ends at
+    /// `embed_dim` elements; its padding is not needed).
+    pub fn extent_bytes(&self, num_tokens: u32, embed_dim: usize) -> u64 {
         if num_tokens == 0 {
             return 0;
         }
-        ((num_tokens as u64 - 1) * self.stride as u64 + PLE_EMBED_DIM as u64)
-            * self.dtype.size() as u64
+        ((num_tokens as u64 - 1) * self.stride as u64 + embed_dim as u64) * self.dtype.size() as u64
     }
 }
 
@@ -119,9 +127,11 @@ pub fn e2m1_to_f32(c: u8) -> f32 {
     if c & 8 != 0 { -m } else { m }
 }
 
-/// Precomputed tables for one (format, global scale).
+/// Precomputed tables for one (format, global scale, head dim).
 pub struct Dequantizer {
     format: RowFormat,
+    /// Elements per row.
+    head_dim: usize,
     /// E4M3 byte → value (scale of an NVFP4 block).
     e4m3: [f32; 256],
     /// FP8: E4M3 byte → value × global (the same single fp32 multiply).
@@ -131,7 +141,8 @@ pub struct Dequantizer {
 }
 
 impl Dequantizer {
-    pub fn new(format: RowFormat, global_scale: f32) -> Dequantizer {
+    /// For rows of `head_dim` elements (valid for `format`: `RowFormat::check_head_dim`).
+    pub fn new(format: RowFormat, global_scale: f32, head_dim: usize) -> Dequantizer {
         let mut e4m3 = [0f32; 256];
         let mut fp8_scaled = [0f32; 256];
         for b in 0..256usize {
@@ -144,6 +155,7 @@ impl Dequantizer {
         }
         Dequantizer {
             format,
+            head_dim,
             e4m3,
             fp8_scaled,
             e2m1,
@@ -153,16 +165,32 @@ impl Dequantizer {
 
     /// Bytes per row.
     pub fn row_bytes(&self) -> usize {
-        self.format.row_bytes(HEAD_DIM)
+        self.format.row_bytes(self.head_dim)
     }
 
-    /// One row → `HEAD_DIM` fp32 values (steps 1–2 of the rule).
+    /// Elements per row.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// One row → `head_dim` fp32 values (steps 1–2 of the rule).
     pub fn row_f32(&self, row: &[u8], out: &mut [f32]) {
-        let out = &mut out[..HEAD_DIM];
+        // The shipped model's head dim gets its own copy of the loops, with the length known
+        // at compile time (unrolled, no bounds checks); any other head dim the general one.
+        if self.head_dim == HEAD_DIM {
+            self.row_f32_n(row, out, HEAD_DIM)
+        } else {
+            self.row_f32_n(row, out, self.head_dim)
+        }
+    }
+
+    #[inline(always)]
+    fn row_f32_n(&self, row: &[u8], out: &mut [f32], hd: usize) {
+        let out = &mut out[..hd];
         match self.format {
             RowFormat::Nvfp4 => {
-                let codes = &row[..HEAD_DIM / 2];
-                let scales = &row[HEAD_DIM / 2..HEAD_DIM / 2 + HEAD_DIM / 16];
+                let codes = &row[..hd / 2];
+                let scales = &row[hd / 2..hd / 2 + hd / 16];
                 for (blk, (o, c)) in out
                     .chunks_exact_mut(16)
                     .zip(codes.chunks_exact(8))
@@ -180,33 +208,33 @@ impl Dequantizer {
                 }
             }
             RowFormat::Fp8 => {
-                for (o, &b) in out.iter_mut().zip(&row[..HEAD_DIM]) {
+                for (o, &b) in out.iter_mut().zip(&row[..hd]) {
                     *o = self.fp8_scaled[b as usize];
                 }
             }
             RowFormat::Bf16 => {
-                for (o, b) in out.iter_mut().zip(row[..HEAD_DIM * 2].chunks_exact(2)) {
+                for (o, b) in out.iter_mut().zip(row[..hd * 2].chunks_exact(2)) {
                     *o = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
                 }
             }
             RowFormat::F32 => {
-                for (o, b) in out.iter_mut().zip(row[..HEAD_DIM * 4].chunks_exact(4)) {
+                for (o, b) in out.iter_mut().zip(row[..hd * 4].chunks_exact(4)) {
                     *o = f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
                 }
             }
         }
     }
 
-    /// One token's 16 rows → its 2,560 fp32 values.
-    pub fn token_f32(&self, rows: &[u8], out: &mut [f32; PLE_EMBED_DIM]) {
-        self.token_f32_heads(rows, Heads::all(NUM_HEADS), out);
+    /// One token's rows (`[out.len() / head_dim][row_bytes]`) → its `out.len()` fp32 values.
+    pub fn token_f32(&self, rows: &[u8], out: &mut [f32]) {
+        self.token_f32_heads(rows, Heads::all(out.len() / self.head_dim), out);
     }
 
-    /// One token's rows of the heads `heads` (`[heads.len()][row_bytes]`) → its 2,560 fp32
-    /// values, -0.0 in the other heads' columns.
-    pub fn token_f32_heads(&self, rows: &[u8], heads: Heads, out: &mut [f32; PLE_EMBED_DIM]) {
+    /// One token's rows of the heads `heads` (`[heads.len()][row_bytes]`) → its embedding
+    /// `out` (`num_heads * head_dim` fp32 values), -0.0 in the other heads' columns.
+    pub fn token_f32_heads(&self, rows: &[u8], heads: Heads, out: &mut [f32]) {
         let rb = self.row_bytes();
-        for (h, o) in out.chunks_exact_mut(HEAD_DIM).enumerate() {
+        for (h, o) in out.chunks_exact_mut(self.head_dim).enumerate() {
             match heads.position(h) {
                 Some(j) => self.row_f32(&rows[j * rb..(j + 1) * rb], o),
                 None => o.fill(-0.0),
@@ -215,7 +243,7 @@ impl Dequantizer {
     }
 }
 
-/// A typed, strided output (`[tokens]` rows of 2,560 elements, `stride` elements apart).
+/// A typed, strided output (`[tokens]` rows of `embed_dim` elements, `stride` elements apart).
 pub enum Out<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [f16]),
@@ -330,16 +358,15 @@ impl<'a> OutRow<'a> {
 /// Tokens per parallel task; steps with fewer than 2 tasks' worth run on the calling thread.
 const TOKENS_PER_TASK: usize = 32;
 
-/// Dequantises `num_tokens` tokens of `rows` (`[tokens][16][row_bytes]`) into `out` with row
-/// stride `stride` elements (see the module doc for the rule). `out` must hold at least
-/// `(num_tokens - 1) * stride + 2560` elements.
+/// Dequantises `num_tokens` tokens of `rows` (`[tokens][num_heads][row_bytes]`, as `spec`
+/// says) into `out` with row stride `stride` elements (see the module doc for the rule). `out`
+/// must hold at least `(num_tokens - 1) * stride + embed_dim` elements.
 #[allow(
     clippy::too_many_arguments,
     reason = "the flat argument list the callers already hold"
 )]
 pub fn dequant_rows(
-    format: RowFormat,
-    global_scale: f32,
+    spec: &RowSpec,
     rows: &[u8],
     num_tokens: usize,
     out: Out<'_>,
@@ -348,16 +375,8 @@ pub fn dequant_rows(
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<()> {
     let args = (stride, accumulate);
-    dequant_rows_heads(
-        format,
-        global_scale,
-        rows,
-        num_tokens,
-        Heads::all(NUM_HEADS),
-        out,
-        args,
-        pool,
-    )
+    let all = Heads::all(spec.num_heads);
+    dequant_rows_heads(spec, rows, num_tokens, all, out, args, pool)
 }
 
 /// [`dequant_rows`] of a head shard's rows (`[tokens][heads.len()][row_bytes]`, `crate::shard`):
@@ -371,8 +390,7 @@ pub fn dequant_rows(
     reason = "the flat argument list the callers already hold"
 )]
 pub fn dequant_rows_heads(
-    format: RowFormat,
-    global_scale: f32,
+    spec: &RowSpec,
     rows: &[u8],
     num_tokens: usize,
     heads: Heads,
@@ -380,16 +398,20 @@ pub fn dequant_rows_heads(
     (stride, accumulate): (usize, bool),
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<()> {
-    let d = Dequantizer::new(format, global_scale);
-    if heads.is_empty() || heads.step == 0 || heads.end() > NUM_HEADS {
+    if let Err(m) = spec.format.check_head_dim(spec.head_dim) {
+        return crate::invalid!("{m}");
+    }
+    let (num_heads, hd, dim) = (spec.num_heads, spec.head_dim, spec.embed_dim());
+    let d = Dequantizer::new(spec.format, spec.global_scale, hd);
+    if heads.is_empty() || heads.step == 0 || heads.end() > num_heads {
         return crate::invalid!(
-            "heads [{}] not a set of the {NUM_HEADS} heads",
+            "heads [{}] not a set of the {num_heads} heads",
             heads.describe()
         );
     }
     let tok_bytes = heads.len() * d.row_bytes();
-    if stride < PLE_EMBED_DIM {
-        return crate::invalid!("out_stride {stride} < {PLE_EMBED_DIM} elements");
+    if stride < dim {
+        return crate::invalid!("out_stride {stride} < {dim} elements");
     }
     if rows.len() < num_tokens * tok_bytes {
         return crate::invalid!(
@@ -400,20 +422,20 @@ pub fn dequant_rows_heads(
     if num_tokens == 0 {
         return Ok(());
     }
-    let need = (num_tokens - 1) * stride + PLE_EMBED_DIM;
+    let need = (num_tokens - 1) * stride + dim;
     if out.len() < need {
         return crate::invalid!(
             "output holds {} elements, {num_tokens} tokens at stride {stride} need {need}",
             out.len()
         );
     }
-    let one = |t: usize, o: OutRow<'_>, vals: &mut [f32; PLE_EMBED_DIM], tmp: &mut [f32]| {
+    let one = |t: usize, o: OutRow<'_>, vals: &mut [f32], tmp: &mut [f32]| {
         let src = &rows[t * tok_bytes..(t + 1) * tok_bytes];
         match o {
             // f32 without accumulate: straight into the output, then every NaN made canonical
             // (a bf16 or f32 row's NaN keeps its sign and payload through the widening)
             OutRow::F32(o) if !accumulate => {
-                d.token_f32_heads(src, heads, o.try_into().expect("2560 elements"));
+                d.token_f32_heads(src, heads, o);
                 for x in o.iter_mut() {
                     *x = canon(*x);
                 }
@@ -423,7 +445,7 @@ pub fn dequant_rows_heads(
                 d.token_f32_heads(src, heads, vals);
                 // the shard's columns only, a run of adjacent heads at a time
                 for r in heads.runs() {
-                    let cols = r.start * HEAD_DIM..r.end * HEAD_DIM;
+                    let cols = r.start * hd..r.end * hd;
                     store(&vals[cols.clone()], o.reborrow().cols(cols), true, tmp);
                 }
             }
@@ -438,16 +460,11 @@ pub fn dequant_rows_heads(
         ($slice:expr, $variant:ident) => {{
             let s = &mut $slice[..need];
             let task = |(ci, chunk): (usize, &mut [_])| {
-                let mut vals = [0f32; PLE_EMBED_DIM];
-                let mut tmp = vec![0f32; PLE_EMBED_DIM];
+                let mut vals = vec![0f32; dim];
+                let mut tmp = vec![0f32; dim];
                 for (k, row) in chunk.chunks_mut(stride).enumerate() {
                     let t = ci * TOKENS_PER_TASK + k;
-                    one(
-                        t,
-                        OutRow::$variant(&mut row[..PLE_EMBED_DIM]),
-                        &mut vals,
-                        &mut tmp,
-                    );
+                    one(t, OutRow::$variant(&mut row[..dim]), &mut vals, &mut tmp);
                 }
             };
             match pool {
@@ -476,15 +493,14 @@ pub fn dequant_rows_heads(
 ///
 /// # Safety
 /// `out` must be valid for writes (and reads, with `accumulate`) of
-/// `(num_tokens - 1) * stride + 2560` elements of `dtype`, and not be accessed by anyone else
-/// during the call.
+/// `(num_tokens - 1) * stride + spec.embed_dim()` elements of `dtype`, and not be accessed by
+/// anyone else during the call.
 #[allow(
     clippy::too_many_arguments,
     reason = "the flat argument list the callers already hold"
 )]
 pub unsafe fn dequant_raw(
-    format: RowFormat,
-    global_scale: f32,
+    spec: &RowSpec,
     rows: &[u8],
     num_tokens: usize,
     heads: Heads,
@@ -497,8 +513,9 @@ pub unsafe fn dequant_raw(
         stride,
         accumulate,
     } = args;
-    if stride < PLE_EMBED_DIM {
-        return crate::invalid!("out_stride {stride} < {PLE_EMBED_DIM} elements");
+    let dim = spec.embed_dim();
+    if stride < dim {
+        return crate::invalid!("out_stride {stride} < {dim} elements");
     }
     if num_tokens == 0 {
         return Ok(());
@@ -512,7 +529,7 @@ pub unsafe fn dequant_raw(
     }
     let len = (num_tokens - 1)
         .checked_mul(stride)
-        .and_then(|x| x.checked_add(PLE_EMBED_DIM))
+        .and_then(|x| x.checked_add(dim))
         .filter(|x| {
             x.checked_mul(dtype.size())
                 .is_some_and(|b| b <= isize::MAX as usize)
@@ -527,7 +544,7 @@ pub unsafe fn dequant_raw(
         }
     };
     let args = (stride, accumulate);
-    dequant_rows_heads(format, global_scale, rows, num_tokens, heads, o, args, pool)
+    dequant_rows_heads(spec, rows, num_tokens, heads, o, args, pool)
 }
 
 #[cfg(test)]
@@ -585,7 +602,7 @@ mod tests {
         row[8] = 0x0B; // code 16 = 0xB (-1.5)
         row[80] = 0x38; // block 0 scale 1.0
         row[81] = 0x40; // block 1 scale 2.0
-        let d = Dequantizer::new(RowFormat::Nvfp4, 0.5);
+        let d = Dequantizer::new(RowFormat::Nvfp4, 0.5, 160);
         let mut o = [0f32; 160];
         d.row_f32(&row, &mut o);
         assert_eq!((o[0], o[1], o[2]), (0.5, 3.0, 0.0));
@@ -603,8 +620,7 @@ mod tests {
         rows[2..4].copy_from_slice(&((tie.to_bits() >> 16) as u16).to_le_bytes());
         let mut out = vec![bf16::from_f32(1.0); 2560];
         dequant_rows(
-            RowFormat::Bf16,
-            1.0,
+            &RowSpec::shipped(RowFormat::Bf16, 1.0),
             &rows,
             1,
             Out::Bf16(&mut out),
@@ -645,7 +661,16 @@ mod tests {
                 let mut o16 = vec![f16::ZERO; 2560];
                 let mut ob = vec![bf16::ZERO; 2560];
                 for out in [Out::F32(&mut o32), Out::F16(&mut o16), Out::Bf16(&mut ob)] {
-                    dequant_rows(format, 1.0, rows, 1, out, 2560, accumulate, None).unwrap();
+                    dequant_rows(
+                        &RowSpec::shipped(format, 1.0),
+                        rows,
+                        1,
+                        out,
+                        2560,
+                        accumulate,
+                        None,
+                    )
+                    .unwrap();
                 }
                 for e in 0..nans {
                     let what = format!("{format:?} acc {accumulate} element {e}");
@@ -671,12 +696,11 @@ mod tests {
             })
             .collect();
         let rows: Vec<u8> = vals.iter().flat_map(|b| b.to_le_bytes()).collect();
-        let d = Dequantizer::new(RowFormat::F32, 1.0);
+        let d = Dequantizer::new(RowFormat::F32, 1.0, 160);
         assert_eq!(d.row_bytes(), 640);
         let mut out = vec![7f32; 2560];
         dequant_rows(
-            RowFormat::F32,
-            1.0,
+            &RowSpec::shipped(RowFormat::F32, 1.0),
             &rows,
             1,
             Out::F32(&mut out),
@@ -696,8 +720,7 @@ mod tests {
         let stride = 2600;
         let mut out = vec![-7.0f32; 2 * stride + 2560 + 3];
         dequant_rows(
-            RowFormat::Fp8,
-            0.25,
+            &RowSpec::shipped(RowFormat::Fp8, 0.25),
             &rows,
             3,
             Out::F32(&mut out),
@@ -726,8 +749,7 @@ mod tests {
         let mut small = vec![0f32; 2 * stride + 2559];
         assert!(
             dequant_rows(
-                RowFormat::Fp8,
-                1.0,
+                &RowSpec::shipped(RowFormat::Fp8, 1.0),
                 &rows,
                 3,
                 Out::F32(&mut small),

@@ -545,6 +545,7 @@ impl Checkpoint {
             num_heads: to_u32(self.hash.num_heads(), "num_heads")?,
             ngram_size: self.hash.ngram_size,
             heads_per_ngram: self.hash.heads_per_ngram,
+            ple_layer_index: self.config.as_ref().map_or(0, |c| c.ple_layer_index),
             global_scale: self.global_scale,
             hash: self.hash.clone(),
             source: SourceInfo {

@@ -370,6 +370,7 @@ pub fn python_table_meta(
         num_heads: u32::try_from(cfg.num_heads()).unwrap_or(u32::MAX),
         ngram_size: hash.ngram_size,
         heads_per_ngram: hash.heads_per_ngram,
+        ple_layer_index: cfg.ple_layer_index,
         global_scale,
         hash,
         source: SourceInfo {

@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::files::open_regular;
-use crate::model::{HashParams, RowFormat};
+use crate::model::{HashParams, MAX_EMBED_DIM, MAX_HEADS, RowFormat, RowSpec};
 use crate::shard::Shard;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -48,6 +48,10 @@ pub struct TableMeta {
     pub num_heads: u32,
     pub ngram_size: u32,
     pub heads_per_ngram: u32,
+    /// Index of the checkpoint's PLE layer among its PLE layers (`ple_layer_index`): the hash
+    /// parameters were derived with it. Absent in tables written before 0.3: 0.
+    #[serde(default)]
+    pub ple_layer_index: u64,
     /// The global dequantisation scale (NVFP4 `weight_scale_2`, FP8 `weight_scale`; 1.0 for BF16 and F32).
     pub global_scale: f32,
     pub hash: HashParams,
@@ -187,13 +191,10 @@ impl TableMeta {
             ));
         }
         let hd = self.head_dim as usize;
-        if hd == 0 || hd % 16 != 0 {
-            return bad(format!(
-                "head_dim {} is not a positive multiple of 16",
-                self.head_dim
-            ));
-        }
         let f = self.row_format;
+        if let Err(m) = f.check_head_dim(hd) {
+            return bad(format!("{m} ({} rows)", f.name()));
+        }
         if self.row_bytes as usize != f.row_bytes(hd) {
             return bad(format!(
                 "row_bytes is {}, but {} rows of head_dim {hd} have {}",
@@ -237,10 +238,27 @@ impl TableMeta {
                 self.num_heads
             ));
         }
-        if self.num_heads as usize != crate::model::NUM_HEADS || hd != crate::model::HEAD_DIM {
+        if self.num_heads as usize > MAX_HEADS {
             return bad(format!(
-                "num_heads {} × head_dim {} is not the model's 16 × 160 (the only shape the API serves)",
-                self.num_heads, self.head_dim
+                "num_heads {} is more than the {MAX_HEADS} heads libple serves",
+                self.num_heads
+            ));
+        }
+        // both bounded above: the product fits
+        if self.num_heads as usize * hd > MAX_EMBED_DIM {
+            return bad(format!(
+                "num_heads {} × head_dim {hd} is wider than the {MAX_EMBED_DIM} elements libple serves",
+                self.num_heads
+            ));
+        }
+        // the hash parameters were derived for this layer: (layer + 1) × heads ≤ MAX_PRIMES
+        let primes = (self.ple_layer_index as u128 + 1) * self.num_heads as u128;
+        if primes > crate::model::MAX_PRIMES as u128 {
+            return bad(format!(
+                "ple_layer_index {} × {} heads is beyond the {} head sizes libple derives",
+                self.ple_layer_index,
+                self.num_heads,
+                crate::model::MAX_PRIMES
             ));
         }
         self.hash.validate()?;
@@ -415,6 +433,15 @@ impl Table {
     pub fn global_scale(&self) -> f32 {
         self.meta.global_scale
     }
+    /// How the rows decode: format, global scale and the whole table's geometry.
+    pub fn row_spec(&self) -> RowSpec {
+        RowSpec {
+            format: self.meta.row_format,
+            global_scale: self.meta.global_scale,
+            num_heads: self.meta.num_heads as usize,
+            head_dim: self.meta.head_dim as usize,
+        }
+    }
     pub fn hash_params(&self) -> &HashParams {
         &self.meta.hash
     }
@@ -444,18 +471,22 @@ impl Table {
 pub struct TableInfo {
     /// Row format.
     pub format: RowFormat,
-    /// Bytes per row (90, 160 or 320).
+    /// Bytes per row (the shipped model: 90, 160, 320 or 640).
     pub row_bytes: u32,
     /// Rows in the file (padded).
     pub total_rows: u64,
     /// Rows the hash can address (sum of head sizes).
     pub addressed_rows: u64,
-    /// Heads (16) and elements per head (160).
+    /// Heads and elements per head (the shipped model: 16 and 160).
     pub num_heads: u32,
     pub head_dim: u32,
-    /// N-gram order (3) and vocabulary size.
+    /// N-gram order (the shipped model: 3) and vocabulary size.
     pub ngram_size: u32,
     pub vocab_size: u32,
+    /// Heads per n-gram order (`num_heads = (ngram_size - 1) * heads_per_ngram`).
+    pub heads_per_ngram: u32,
+    /// The PLE layer's index among the checkpoint's PLE layers (`ple_layer_index`).
+    pub ple_layer_index: u64,
     /// EOS / BOS token id.
     pub eos_token_id: i32,
     /// The global dequantisation scale (1.0 for bf16 and f32).
@@ -489,6 +520,8 @@ pub fn table_info(t: &Table) -> TableInfo {
         head_dim: m.head_dim,
         ngram_size: m.ngram_size,
         vocab_size: m.hash.vocab_size,
+        heads_per_ngram: m.heads_per_ngram,
+        ple_layer_index: m.ple_layer_index,
         eos_token_id: m.hash.eos_token_id,
         global_scale: m.global_scale,
         file_size: t.bytes().len() as u64,

@@ -30,7 +30,8 @@ impl Pipeline {
             // (GPU mode: a dequant_fuse may claim a step before it is complete)
             Some(StepStatus::Consuming) if sh.completion.done() >= seq => return Ok(()),
             Some(StepStatus::Consuming) => usize::MAX,
-            Some(StepStatus::Pending { rows }) => rows as usize,
+            // (at most: rows the cache holds are not read)
+            Some(StepStatus::Pending { tokens }) => tokens as usize * sh.reader.heads.len(),
         };
         // Spin only where the pool likely takes no part in the step (`Reader::reads_alone`): a
         // spinning waiter would take a CPU from the pool gathering a big step.
@@ -150,23 +151,22 @@ impl Pipeline {
         self.sh.completion.release(seq, waited)
     }
 
-    /// Waits for step `seq`, dequantises its rows into `out` (`[tokens]` × 2560 of `dtype`,
+    /// Waits for step `seq`, dequantises its rows into `out` (`[tokens]` × the table's `embed_dim` of `dtype`,
     /// `stride` elements apart; `PLE_FUSE_ACCUMULATE` adds) and releases the slot. A head shard
     /// writes -0.0 in the other heads' columns (accumulating: leaves them untouched). A failed
     /// step returns its error and is released too.
     ///
     /// # Safety
-    /// `out` must be valid for reads and writes of `(tokens - 1) * stride + 2560` elements of
+    /// `out` must be valid for reads and writes of `(tokens - 1) * stride + embed_dim` elements of
     /// `dtype` and not be used by anyone else during the call.
     pub unsafe fn dequant_cpu(&self, seq: u64, out: *mut u8, args: OutArgs) -> Result<()> {
-        args.check_ptr(out as usize)?;
-        let t = &self.sh.reader.table;
+        let spec = self.sh.reader.table.row_spec();
+        args.check_ptr(out as usize, spec.embed_dim())?;
         self.consume(seq, |rows, tokens| {
             // SAFETY: the caller guarantees `out` (see above).
             unsafe {
                 dequant::dequant_raw(
-                    t.format(),
-                    t.global_scale(),
+                    &spec,
                     rows,
                     tokens,
                     self.sh.reader.heads,

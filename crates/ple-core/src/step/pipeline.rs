@@ -99,8 +99,7 @@ impl Pipeline {
                 slots: opts.max_in_flight as usize,
                 max_tokens: opts.max_tokens_per_step as usize,
                 heads,
-                format: table.format(),
-                global_scale: table.global_scale(),
+                spec: table.row_spec(),
                 timeout_us: opts.wait_timeout_us,
             })?))
         } else {

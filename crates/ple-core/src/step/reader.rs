@@ -73,12 +73,6 @@ impl Reader {
     pub fn open(table: Table, opts: &OpenOptions) -> Result<Reader> {
         let hasher = Hasher::new(table.hash_params())?;
         let plan = IoPlan::resolve(&table, opts)?;
-        if table.meta().num_heads as usize != crate::model::NUM_HEADS {
-            return Err(Error::Unsupported(format!(
-                "tables with {} heads",
-                table.meta().num_heads
-            )));
-        }
         let (heads, head_starts) = shard_rows(&table, opts.shard)?;
         Ok(Reader {
             table: Arc::new(table),
@@ -397,6 +391,13 @@ pub struct ReadScratch {
 /// naming both.
 fn shard_rows(table: &Table, shard: Shard) -> Result<(Heads, Vec<u64>)> {
     let m = table.meta();
+    if shard.count > m.num_heads {
+        return crate::invalid!(
+            "shard_count {} is more than the table's {} heads (at most one shard per head)",
+            shard.count,
+            m.num_heads
+        );
+    }
     let heads = shard.heads(m.num_heads as usize);
     match &m.shard {
         None => Ok((heads, heads.iter().map(|h| m.hash.offsets[h]).collect())),

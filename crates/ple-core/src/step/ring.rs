@@ -79,7 +79,7 @@ pub(super) struct Ring {
 /// What is known about a seq.
 #[derive(Debug)]
 pub(super) enum StepStatus {
-    Pending { rows: u32 },
+    Pending { tokens: u32 },
     Ready { slot: usize, tokens: u32 },
     Consuming,
     Failed(Error),
@@ -142,9 +142,7 @@ impl Ring {
         for (i, st) in self.slots.iter().enumerate() {
             match *st {
                 SlotState::Pending { seq: s, tokens } if s == seq => {
-                    return Ok(StepStatus::Pending {
-                        rows: tokens.saturating_mul(crate::model::NUM_HEADS as u32), // (at most)
-                    });
+                    return Ok(StepStatus::Pending { tokens });
                 }
                 SlotState::Ready { seq: s, tokens } if s == seq => {
                     return Ok(StepStatus::Ready { slot: i, tokens });

@@ -5,15 +5,16 @@ Usage: dequant_oracle.py CASES_DIR
 
 Each subdirectory of CASES_DIR is one case written by tests/dequant_oracle.rs:
   meta.json  {"format": "nvfp4"|"fp8"|"bf16"|"f32", "global_scale": float, "dtype": "f32"|"f16"|"bf16",
-              "accumulate": bool, "tokens": int, "stride": int}
-  rows.bin   the packed rows, [tokens][16][row_bytes] uint8
-  init.bin   the output buffer before the call ((tokens-1)*stride + 2560 elements of dtype)
+              "accumulate": bool, "tokens": int, "stride": int, "num_heads": int, "head_dim": int}
+              (num_heads, head_dim: the table's geometry; 16 and 160 when absent)
+  rows.bin   the packed rows, [tokens][num_heads][row_bytes] uint8
+  init.bin   the output buffer before the call ((tokens-1)*stride + num_heads*head_dim elements of dtype)
   out.bin    the output buffer after the library's call
 
 The values are recomputed with ml_dtypes (float4_e2m1fn, float8_e4m3fn, bfloat16) and numpy:
 value = e2m1 x e4m3 block scale (fp32, exact), x global scale (one fp32 multiply), then one
 round-to-nearest-even to the output dtype (bf16 and f32 rows: the value as stored, no multiply); with accumulate: dtype(fp32(init) + value). Elements
-between rows (stride > 2560) must be untouched. Every element must match bit for bit; where the
+between rows (stride > num_heads*head_dim) must be untouched. Every element must match bit for bit; where the
 oracle gives NaN, the library must write the canonical positive quiet NaN (f32 0x7FC00000, f16
 0x7E00, bf16 0x7FC0), as the GPU kernel does.
 
@@ -30,25 +31,27 @@ except ImportError as e:  # the Rust test checks this first and decides skip vs 
     print(f"dequant_oracle: missing package: {e}", file=sys.stderr)
     sys.exit(2)
 
-HEAD_DIM = 160
-HEADS = 16
-DIM = HEAD_DIM * HEADS
-ROW_BYTES = {"nvfp4": 90, "fp8": 160, "bf16": 320, "f32": 640}
 DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 UINT = {"f32": np.uint32, "f16": np.uint16, "bf16": np.uint16}
 
 
-def values(fmt, rows, scale):
-    """rows: (n_rows, row_bytes) uint8 -> (n_rows, 160) float32, per docs/FORMAT.md#row-formats-and-dequantisation."""
+def row_bytes(fmt, head_dim):
+    """Bytes of one row (docs/FORMAT.md#row-formats-and-dequantisation)."""
+    return {"nvfp4": head_dim // 2 + head_dim // 16, "fp8": head_dim, "bf16": 2 * head_dim, "f32": 4 * head_dim}[fmt]
+
+
+def values(fmt, rows, scale, head_dim):
+    """rows: (n_rows, row_bytes) uint8 -> (n_rows, head_dim) float32, per docs/FORMAT.md#row-formats-and-dequantisation."""
     n = rows.shape[0]
     g = np.float32(scale)
     if fmt == "nvfp4":
-        codes = rows[:, :80]
-        c = np.empty((n, HEAD_DIM), np.uint8)
+        half = head_dim // 2
+        codes = rows[:, :half]
+        c = np.empty((n, head_dim), np.uint8)
         c[:, 0::2] = codes & 0x0F  # even element: low nibble
         c[:, 1::2] = codes >> 4  # odd element: high nibble
         fp4 = c.view(ml_dtypes.float4_e2m1fn).astype(np.float32)
-        sc = np.ascontiguousarray(rows[:, 80:90]).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        sc = np.ascontiguousarray(rows[:, half : half + head_dim // 16]).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
         v = fp4 * np.repeat(sc, 16, axis=1)  # exact in fp32
         return v * g  # one fp32 multiply
     if fmt == "fp8":
@@ -64,21 +67,23 @@ def check(case):
     meta = json.load(open(os.path.join(case, "meta.json")))
     fmt, dt, acc = meta["format"], meta["dtype"], meta["accumulate"]
     t, stride = meta["tokens"], meta["stride"]
-    rb = ROW_BYTES[fmt]
-    rows = np.fromfile(os.path.join(case, "rows.bin"), np.uint8).reshape(t * HEADS, rb)
+    heads, hd = meta.get("num_heads", 16), meta.get("head_dim", 160)
+    dim = heads * hd
+    rb = row_bytes(fmt, hd)
+    rows = np.fromfile(os.path.join(case, "rows.bin"), np.uint8).reshape(t * heads, rb)
     init = np.fromfile(os.path.join(case, "init.bin"), DTYPES[dt])
     got = np.fromfile(os.path.join(case, "out.bin"), DTYPES[dt])
-    need = (t - 1) * stride + DIM
+    need = (t - 1) * stride + dim
     assert init.size == need and got.size == need, (init.size, got.size, need)
     with np.errstate(all="ignore"):
-        v = values(fmt, rows, meta["global_scale"]).reshape(t, DIM)
+        v = values(fmt, rows, meta["global_scale"], hd).reshape(t, dim)
         want = init.copy()
         for i in range(t):
-            o = want[i * stride : i * stride + DIM]
+            o = want[i * stride : i * stride + dim]
             if acc:
-                want[i * stride : i * stride + DIM] = (o.astype(np.float32) + v[i]).astype(DTYPES[dt])
+                want[i * stride : i * stride + dim] = (o.astype(np.float32) + v[i]).astype(DTYPES[dt])
             else:
-                want[i * stride : i * stride + DIM] = v[i].astype(DTYPES[dt])
+                want[i * stride : i * stride + dim] = v[i].astype(DTYPES[dt])
     wb, gb = want.view(UINT[dt]), got.view(UINT[dt])
     wnan = np.isnan(want.astype(np.float32))
     gnan = np.isnan(got.astype(np.float32))
@@ -98,7 +103,7 @@ def check(case):
             )
         return False
     nan = int(wnan.sum())
-    print(f"{name}: {need} elements match ({nan} NaN)")
+    print(f"{name}: {need} elements match ({nan} NaN; {heads} heads of {hd})")
     return True
 
 

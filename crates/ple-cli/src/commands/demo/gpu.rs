@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Instant;
 
 /// Elements of one token's output row.
-const DIM: usize = PLE_EMBED_DIM as usize;
+use super::DIM;
 
 /// With a GPU: the engine's script (prefill, prompts, 16 decode steps) through `ple_dequant_fuse`
 /// on an engine stream, each step compared bit for bit with `ple_dequant_cpu` of the same step on

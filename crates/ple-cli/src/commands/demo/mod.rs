@@ -57,7 +57,14 @@ fn cstr(p: &Path) -> Result<CString> {
         .map_err(|_| Error::InvalidArgument(format!("path {} has a NUL", p.display())))
 }
 
-/// A handle opened through the C API, closed on drop.
+/// The shipped model's geometry, the only one the demo's script and reference are for.
+const SHIPPED_HEADS: u32 = ple_core::model::NUM_HEADS as u32;
+const SHIPPED_HEAD_DIM: u32 = ple_core::model::HEAD_DIM as u32;
+/// Elements of one token's embedding in the demo's table.
+const DIM: usize = ple_core::model::PLE_EMBED_DIM;
+
+/// A handle opened through the C API, closed on drop; `open` refuses any table but the shipped
+/// model's geometry.
 struct Handle(*mut ple_handle);
 
 impl Handle {
@@ -82,7 +89,20 @@ impl Handle {
         let d = cstr(dir)?;
         // SAFETY: `d` is a NUL-terminated path, `o` initialised options, `h` a writable local.
         check(unsafe { ple_open(d.as_ptr(), &o, &mut h) }, "ple_open")?;
-        Ok(Handle(h))
+        let h = Handle(h);
+        // SAFETY: ple_info is plain data (integers and char arrays): all-zero is a valid value.
+        let mut info: ple_table_info = unsafe { std::mem::zeroed() };
+        info.struct_size = std::mem::size_of::<ple_table_info>();
+        // SAFETY: the handle is open; `info` is a writable ple_info with its struct_size set.
+        check(unsafe { ple_table_info(h.0, &mut info) }, "ple_table_info")?;
+        if (info.num_heads, info.head_dim) != (SHIPPED_HEADS, SHIPPED_HEAD_DIM) {
+            return Err(Error::InvalidArgument(format!(
+                "the demo replays the shipped model's script: a table of {SHIPPED_HEADS} heads of \
+                 {SHIPPED_HEAD_DIM}, not {} of {}",
+                info.num_heads, info.head_dim
+            )));
+        }
+        Ok(h)
     }
     fn stats(&self) -> Result<ple_stats> {
         let mut s = ple_stats {

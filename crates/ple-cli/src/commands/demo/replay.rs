@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Instant;
 
 /// Elements of one token's output row.
-const DIM: usize = PLE_EMBED_DIM as usize;
+use super::DIM;
 
 #[derive(serde::Serialize, Default, Clone)]
 pub(super) struct PassReport {

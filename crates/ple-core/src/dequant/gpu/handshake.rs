@@ -4,7 +4,6 @@ use super::driver::{CtxGuard, RelaxedCapture, ck};
 use super::layout::*;
 use super::side::{Ev, GpuSide};
 use crate::error::{Error, Result};
-use crate::model::HEAD_DIM;
 use crate::sync;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -174,12 +173,12 @@ impl GpuSide {
     pub fn upload(&self, slot: usize, bytes: usize, seq: u64, num_tokens: u32) -> Result<()> {
         self.check_slot(slot, seq)?;
         self.check_tokens(num_tokens, "num_tokens")?;
-        let expect = num_tokens as usize * token_bytes(self.format, self.heads.len());
+        let expect = num_tokens as usize * token_bytes(&self.spec, self.heads.len());
         if bytes != expect {
             return crate::invalid!(
                 "upload of {bytes} B for {num_tokens} tokens; expected {expect} ({} rows of {} B each)",
                 self.heads.len(),
-                self.format.row_bytes(HEAD_DIM)
+                self.spec.row_bytes()
             );
         }
         self.check_order(seq)?;

@@ -24,7 +24,7 @@ impl GpuSide {
         args: OutArgs,
         tokens: u32,
     ) -> Result<(sys::CUstream, CtxGuard)> {
-        args.check()?;
+        args.check(self.spec.embed_dim())?;
         let stream = stream as sys::CUstream;
         let c = CtxGuard::push(self.ctx)?;
         if let Some(e) = self.device_error() {
@@ -138,8 +138,13 @@ impl GpuSide {
     }
 
     fn check_out_ptr(&self, out: u64, args: OutArgs, tokens: u32) -> Result<()> {
-        let extent = args.extent_bytes(tokens);
+        let extent = args.extent_bytes(tokens, self.spec.embed_dim());
         check_out(out, extent, args.dtype.size(), &self.placement(out, extent))
+    }
+
+    /// Work items of `ple_dequant` per token (the whole table's embedding, 8 elements each).
+    fn items_per_token(&self) -> u32 {
+        items_per_token(self.spec.embed_dim())
     }
 
     fn dequant_params(&self, out: u64, args: OutArgs, capacity: u32) -> DequantParams {
@@ -170,13 +175,16 @@ impl GpuSide {
             slots: self.slots as u32,
             capacity,
             expect_n: 0,
-            fmt: self.format.kernel_code(),
+            fmt: self.spec.format.kernel_code(),
             dtype: kernel_dtype(args.dtype),
             flags,
-            scale: self.global_scale,
+            scale: self.spec.global_scale,
             first_head: self.heads.first as u16,
             heads: self.heads.len() as u16,
             head_stride: self.heads.step as u16,
+            head_dim: self.spec.head_dim as u32,
+            row_bytes: self.spec.row_bytes() as u32,
+            items_per_token: self.items_per_token(),
         }
     }
 
@@ -279,7 +287,12 @@ impl GpuSide {
         dp.expected = seq;
         dp.expect_n = num_tokens;
         dp.flags |= gate;
-        let grid = dequant_grid(num_tokens, self.sm_count, self.blocks_per_sm);
+        let grid = dequant_grid(
+            num_tokens,
+            self.items_per_token(),
+            self.sm_count,
+            self.blocks_per_sm,
+        );
         // SAFETY: `dp` matches the kernel's DequantParams; `out` holds the step (checked above);
         // the rows and control blocks outlive the launch (drop drains our kernels first).
         unsafe {
@@ -365,7 +378,12 @@ impl GpuSide {
             ctrl: self.ctrl_dptr,
             dctrl: self.dev_mem,
         };
-        let grid = dequant_grid(capacity_tokens, self.sm_count, self.blocks_per_sm);
+        let grid = dequant_grid(
+            capacity_tokens,
+            self.items_per_token(),
+            self.sm_count,
+            self.blocks_per_sm,
+        );
         // SAFETY: the parameter blocks match the kernels; `out` holds capacity_tokens tokens
         // (checked); our memory outlives every replay the engine makes before closing.
         unsafe {

@@ -4,7 +4,7 @@
 
 use crate::dequant::cpu::Dtype;
 use crate::error::Error;
-use crate::model::{HEAD_DIM, PLE_EMBED_DIM, RowFormat};
+use crate::model::RowSpec;
 use std::time::Duration;
 
 /// The kernels as PTX (compute_80), generated from `kernels/ple_kernels.cu`.
@@ -18,8 +18,14 @@ pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
 
 /// Threads per block of `ple_dequant`.
 pub const DEQUANT_BLOCK: u32 = 256;
-/// Work items (8 output elements each) per token.
-pub const ITEMS_PER_TOKEN: u64 = (PLE_EMBED_DIM / 8) as u64;
+/// Output elements per work item of `ple_dequant` (all of one head: `head_dim` must be a
+/// multiple of it).
+pub const KERNEL_ITEM: usize = 8;
+
+/// Work items of `ple_dequant` per token of `embed_dim` elements (`DequantParams.items_per_token`).
+pub fn items_per_token(embed_dim: usize) -> u32 {
+    (embed_dim / KERNEL_ITEM) as u32
+}
 
 /// Device error codes (`DevError.code`, see the kernels).
 pub const ERR_WAIT_TIMEOUT: u32 = 1;
@@ -124,6 +130,11 @@ pub struct DequantParams {
     pub first_head: u16,
     pub heads: u16,
     pub head_stride: u16,
+    /// The table's geometry: elements per row, bytes per row, work items per token
+    /// (`num_heads * head_dim / 8`).
+    pub head_dim: u32,
+    pub row_bytes: u32,
+    pub items_per_token: u32,
 }
 
 /// Parameters of `ple_graph_advance`.
@@ -145,8 +156,13 @@ pub struct SetParams {
 
 /// Blocks of `ple_dequant` for `num_tokens` tokens: enough for one item per thread, but no more
 /// than can be resident at once (`sm_count * blocks_per_sm`; the kernel is grid-stride). At least 1.
-pub fn dequant_grid(num_tokens: u32, sm_count: u32, blocks_per_sm: u32) -> u32 {
-    let items = num_tokens as u64 * ITEMS_PER_TOKEN;
+pub fn dequant_grid(
+    num_tokens: u32,
+    items_per_token: u32,
+    sm_count: u32,
+    blocks_per_sm: u32,
+) -> u32 {
+    let items = num_tokens as u64 * items_per_token as u64;
     let needed = items.div_ceil(DEQUANT_BLOCK as u64).max(1);
     let resident = (sm_count.max(1) as u64) * (blocks_per_sm.max(1) as u64);
     needed.min(resident) as u32
@@ -167,9 +183,9 @@ pub fn vec_ok(out: u64, out_stride: usize, elem_size: usize) -> bool {
     out % 16 == 0 && (out_stride * elem_size) % 16 == 0
 }
 
-/// Bytes of one token's rows of `heads` heads (16: the whole table).
-pub fn token_bytes(format: RowFormat, heads: usize) -> usize {
-    heads * format.row_bytes(HEAD_DIM)
+/// Bytes of one token's rows of `heads` heads (`spec.num_heads`: the whole table).
+pub fn token_bytes(spec: &RowSpec, heads: usize) -> usize {
+    heads * spec.row_bytes()
 }
 
 /// `x` rounded up to a multiple of `a`.
@@ -233,6 +249,7 @@ pub fn device_error_to_error(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::RowFormat;
     use std::mem::{offset_of, size_of};
 
     const SRC: &str = include_str!("../../../../../kernels/ple_kernels.cu");
@@ -263,20 +280,27 @@ mod tests {
 
     #[test]
     fn launch_geometry() {
-        // One token: 320 items of 8 elements -> 2 blocks of 256.
-        assert_eq!(dequant_grid(1, 132, 6), 2);
-        assert_eq!(dequant_grid(4, 132, 6), 5); // 1280 items
+        // The shipped model, one token: 320 items of 8 elements -> 2 blocks of 256.
+        let ipt = items_per_token(2560);
+        assert_eq!(ipt, 320);
+        assert_eq!(dequant_grid(1, ipt, 132, 6), 2);
+        assert_eq!(dequant_grid(4, ipt, 132, 6), 5); // 1280 items
         // Large steps are capped at what is resident (grid-stride covers the rest).
-        assert_eq!(dequant_grid(8192, 132, 6), 792);
-        assert_eq!(dequant_grid(8192, 0, 0), 1);
-        for n in [1u32, 2, 3, 7, 100, 2048, 8192, 1 << 20] {
-            let g = dequant_grid(n, 132, 6) as u64;
-            assert!(g >= 1);
-            assert!(
-                g * DEQUANT_BLOCK as u64 <= (n as u64 * 2560 / 8).max(DEQUANT_BLOCK as u64) + 255
-            );
+        assert_eq!(dequant_grid(8192, ipt, 132, 6), 792);
+        assert_eq!(dequant_grid(8192, ipt, 0, 0), 1);
+        // 16 heads of 64: 128 items per token, half a block
+        assert_eq!(dequant_grid(1, items_per_token(1024), 132, 6), 1);
+        assert_eq!(dequant_grid(3, items_per_token(1024), 132, 6), 2);
+        for dim in [2560usize, 1536, 1024, 8] {
+            for n in [1u32, 2, 3, 7, 100, 2048, 8192, 1 << 20] {
+                let g = dequant_grid(n, items_per_token(dim), 132, 6) as u64;
+                assert!(g >= 1);
+                assert!(
+                    g * DEQUANT_BLOCK as u64
+                        <= (n as u64 * dim as u64 / 8).max(DEQUANT_BLOCK as u64) + 255
+                );
+            }
         }
-        assert_eq!(ITEMS_PER_TOKEN * 8, 2560);
     }
 
     #[test]
@@ -286,12 +310,19 @@ mod tests {
         assert!(!vec_ok(0x1000, 2561, 4)); // rows 4 B apart from alignment
         assert!(!vec_ok(0x1000, 2564, 2)); // 5128 B rows
         assert!(!vec_ok(0x1008, 2560, 4));
-        assert_eq!(token_bytes(RowFormat::Nvfp4, 16), 1440);
-        assert_eq!(token_bytes(RowFormat::Fp8, 16), 2560);
-        assert_eq!(token_bytes(RowFormat::Bf16, 16), 5120);
-        assert_eq!(token_bytes(RowFormat::F32, 16), 10240);
-        assert_eq!(token_bytes(RowFormat::F32, 3), 1920);
-        assert_eq!(token_bytes(RowFormat::Nvfp4, 5), 450);
+        let s = |f| RowSpec::shipped(f, 1.0);
+        assert_eq!(token_bytes(&s(RowFormat::Nvfp4), 16), 1440);
+        assert_eq!(token_bytes(&s(RowFormat::Fp8), 16), 2560);
+        assert_eq!(token_bytes(&s(RowFormat::Bf16), 16), 5120);
+        assert_eq!(token_bytes(&s(RowFormat::F32), 16), 10240);
+        assert_eq!(token_bytes(&s(RowFormat::F32), 3), 1920);
+        assert_eq!(token_bytes(&s(RowFormat::Nvfp4), 5), 450);
+        let other = RowSpec {
+            head_dim: 64,
+            num_heads: 12,
+            ..s(RowFormat::Nvfp4)
+        };
+        assert_eq!(token_bytes(&other, 12), 12 * 36);
     }
 
     #[test]
@@ -340,6 +371,9 @@ mod tests {
         assert_eq!(offset_of!(DequantParams, first_head), 84);
         assert_eq!(offset_of!(DequantParams, heads), 86);
         assert_eq!(offset_of!(DequantParams, head_stride), 88);
+        assert_eq!(offset_of!(DequantParams, head_dim), 92);
+        assert_eq!(offset_of!(DequantParams, row_bytes), 96);
+        assert_eq!(offset_of!(DequantParams, items_per_token), 100);
         assert_eq!(offset_of!(SetParams, value), 16);
         assert_eq!(offset_of!(SlotHeader, failed), 12);
         assert_eq!(offset_of!(DevError, detail), 16);
@@ -372,7 +406,7 @@ mod tests {
             ("DEV_CLAIM", DEV_CLAIM as u64),
             ("DEV_GATES", DEV_GATES as u64),
             ("DEQUANT_BLOCK", DEQUANT_BLOCK as u64),
-            ("ITEMS_PER_TOKEN", ITEMS_PER_TOKEN),
+            ("KERNEL_ITEM", KERNEL_ITEM as u64),
             ("FMT_NVFP4", RowFormat::Nvfp4.kernel_code() as u64),
             ("FMT_FP8", RowFormat::Fp8.kernel_code() as u64),
             ("FMT_BF16", RowFormat::Bf16.kernel_code() as u64),

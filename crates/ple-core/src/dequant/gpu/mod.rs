@@ -90,7 +90,7 @@ pub use layout::{MIN_COMPUTE_CAPABILITY, MIN_DRIVER_VERSION, PTX, PTX_ISA};
 pub use side::GpuSide;
 
 use crate::error::{Error, Result};
-use crate::model::RowFormat;
+use crate::model::RowSpec;
 
 /// How a handle with a GPU orders the dequant kernel after the step's rows (`ple_options.wait_mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -269,12 +269,11 @@ pub struct GpuConfig {
     pub slots: usize,
     /// Largest step (`max_tokens_per_step`).
     pub max_tokens: usize,
-    /// The heads whose rows a step holds (`[tokens][heads.len()][row_bytes]`; all 16 unless the
-    /// handle is a head shard). The kernel writes -0.0 in the other heads' columns.
+    /// The heads whose rows a step holds (`[tokens][heads.len()][row_bytes]`; all the table's
+    /// heads unless the handle is a head shard). The kernel writes -0.0 in the other heads' columns.
     pub heads: crate::shard::Heads,
-    /// The table's row format and global scale.
-    pub format: RowFormat,
-    pub global_scale: f32,
+    /// The table's row format, global scale and geometry.
+    pub spec: RowSpec,
     /// Timeout of device spin waits and of waiting for a slot to be free (`wait_timeout_us`).
     pub timeout_us: u64,
 }

@@ -5,7 +5,7 @@ use super::handshake::Poll;
 use super::layout::*;
 use super::{GpuConfig, WaitKind, select_wait};
 use crate::error::{Error, Result};
-use crate::model::RowFormat;
+use crate::model::RowSpec;
 use crate::sync;
 use cudarc::driver::sys;
 use std::ffi::{CStr, CString, c_void};
@@ -58,8 +58,8 @@ pub struct GpuSide {
     pub(super) max_tokens: usize,
     /// The heads a step's rows are (`GpuConfig::heads`).
     pub(super) heads: crate::shard::Heads,
-    pub(super) format: RowFormat,
-    pub(super) global_scale: f32,
+    /// The table's row format, global scale and geometry.
+    pub(super) spec: RowSpec,
     pub(super) slot_stride: usize,
     pub(super) timeout: Duration,
     pub(super) wait: WaitKind,
@@ -104,6 +104,14 @@ impl GpuSide {
         }
         if cfg.max_tokens == 0 || cfg.max_tokens > 1 << 20 {
             return crate::invalid!("max_tokens {} not in [1, 1048576]", cfg.max_tokens);
+        }
+        // The kernel writes 8 elements of one head per work item.
+        if cfg.spec.head_dim % KERNEL_ITEM != 0 {
+            return Err(Error::Unsupported(format!(
+                "head_dim {} is not a multiple of {KERNEL_ITEM}: the GPU kernel does not serve it \
+                 (open without cuda_device and use ple_dequant_cpu)",
+                cfg.spec.head_dim
+            )));
         }
         let d = api()?;
         // SAFETY: every entry point was resolved; cuInit has no other precondition.
@@ -161,7 +169,7 @@ impl GpuSide {
 
     /// A GpuSide holding nothing yet (every handle NULL), with its sizes.
     fn empty(d: &'static Api, cfg: &GpuConfig, dev: sys::CUdevice) -> GpuSide {
-        let slot_bytes = cfg.max_tokens * token_bytes(cfg.format, cfg.heads.len());
+        let slot_bytes = cfg.max_tokens * token_bytes(&cfg.spec, cfg.heads.len());
         GpuSide {
             d,
             device: cfg.device,
@@ -184,8 +192,7 @@ impl GpuSide {
             slots: cfg.slots,
             max_tokens: cfg.max_tokens,
             heads: cfg.heads,
-            format: cfg.format,
-            global_scale: cfg.global_scale,
+            spec: cfg.spec,
             slot_stride: round_up(slot_bytes, 256),
             timeout: Duration::from_micros(cfg.timeout_us),
             wait: WaitKind::Host,
@@ -391,7 +398,7 @@ impl GpuSide {
     }
     /// Bytes of one staging slot (`max_tokens * heads * row_bytes`).
     pub fn slot_bytes(&self) -> usize {
-        self.max_tokens * token_bytes(self.format, self.heads.len())
+        self.max_tokens * token_bytes(&self.spec, self.heads.len())
     }
     /// Pinned host staging of `slot` (`slot_bytes()` bytes, rows `[tokens][16][row_bytes]`),
     /// mapped into the device: where the worker gathers, and (device-wait modes) where the kernel
@@ -575,8 +582,7 @@ mod tests {
             slots: 2,
             max_tokens: 16,
             heads: crate::shard::Heads::all(16),
-            format: RowFormat::Nvfp4,
-            global_scale: 1.0,
+            spec: RowSpec::shipped(crate::model::RowFormat::Nvfp4, 1.0),
             timeout_us: 1_000_000,
         };
         let present = api().is_ok();
@@ -600,8 +606,7 @@ mod tests {
             slots: 2,
             max_tokens: 16,
             heads: crate::shard::Heads::all(16),
-            format: RowFormat::Fp8,
-            global_scale: 1.0,
+            spec: RowSpec::shipped(crate::model::RowFormat::Fp8, 1.0),
             timeout_us: 1,
         };
         assert!(matches!(GpuSide::new(&cfg), Err(Error::InvalidArgument(_))));

@@ -464,3 +464,6 @@ mod ids;
 
 /// Closing with the worker stuck; staging beyond the pre-touch cap.
 mod open_close;
+
+// Tables of other geometries (heads, head dim, n-gram size).
+mod geometry;

@@ -26,7 +26,7 @@ fn dequant_cpu_consumes_and_matches_rows() {
     assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
     // SAFETY: `out` holds `(n - 1) * stride + 2560` f32 and nobody else uses it.
     unsafe { p.dequant_cpu(1, out.as_mut_ptr() as *mut u8, f32_out(stride)) }.unwrap();
-    let dq = dequant::Dequantizer::new(format, synth::global_scale(format));
+    let dq = dequant::Dequantizer::new(format, synth::global_scale(format), 160);
     let mut want = [0f32; 160];
     for t in 0..n {
         for h in 0..16 {
