@@ -1,8 +1,9 @@
 //! CPU dequantisation throughput of the shipped geometry (16 heads of 160) and of two others
 //! (12 × 128, 16 × 64): one 2,048-token step of random rows per row format, into f32 and bf16,
 //! on the calling thread (no pool), ns per token (the fastest of `PLE_BENCH_REPS` runs, default
-//! 20). `cargo bench -p ple-core --bench dequant`; under callgrind `PLE_BENCH_REPS=1` and
-//! `PLE_BENCH_SHIPPED_ONLY=1` keep the count to one run of the shipped geometry.
+//! 20). `cargo bench -p ple-core --bench dequant`; under callgrind `PLE_BENCH_REPS=1`,
+//! `PLE_BENCH_SHIPPED_ONLY=1` and `PLE_BENCH_FORMAT=nvfp4` keep the count to one run of the
+//! shipped geometry in one format, and `--toggle-collect='*timed_step*'` to the library's code.
 
 use half::bf16;
 use ple_core::dequant::{Out, dequant_rows};
@@ -12,12 +13,21 @@ use std::time::Instant;
 
 const TOKENS: usize = 2048;
 
+/// One step's dequantisation, a function of its own: `valgrind --tool=callgrind
+/// --toggle-collect='*timed_step*'` counts the library's instructions only.
+#[inline(never)]
+fn timed_step(spec: &RowSpec, rows: &[u8], out: Out<'_>, dim: usize) {
+    dequant_rows(spec, rows, TOKENS, out, dim, false, None).unwrap();
+}
+
 fn main() {
     let reps: usize = std::env::var("PLE_BENCH_REPS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let shipped_only = std::env::var_os("PLE_BENCH_SHIPPED_ONLY").is_some();
+    // one row format only (`nvfp4`, `fp8`, `bf16`, `f32`), e.g. for a callgrind count per format
+    let only = std::env::var("PLE_BENCH_FORMAT").ok();
     let geometries: &[(usize, usize)] = if shipped_only {
         &[(16, 160)]
     } else {
@@ -30,6 +40,9 @@ fn main() {
             RowFormat::Bf16,
             RowFormat::F32,
         ] {
+            if only.as_deref().is_some_and(|f| f != format.name()) {
+                continue;
+            }
             let spec = RowSpec {
                 format,
                 global_scale: 0.015625,
@@ -65,7 +78,7 @@ fn main() {
                     } else {
                         Out::Bf16(&mut o16)
                     };
-                    dequant_rows(&spec, black_box(&rows), TOKENS, out, dim, false, None).unwrap();
+                    timed_step(&spec, black_box(&rows), out, dim);
                     best = best.min(t.elapsed().as_secs_f64());
                 }
                 black_box((&o32, &o16));

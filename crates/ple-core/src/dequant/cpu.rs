@@ -233,10 +233,20 @@ impl Dequantizer {
     /// One token's rows of the heads `heads` (`[heads.len()][row_bytes]`) → its embedding
     /// `out` (`num_heads * head_dim` fp32 values), -0.0 in the other heads' columns.
     pub fn token_f32_heads(&self, rows: &[u8], heads: Heads, out: &mut [f32]) {
-        let rb = self.row_bytes();
-        for (h, o) in out.chunks_exact_mut(self.head_dim).enumerate() {
+        // (the shipped head dim: its own copy, the row loop inlined with constant lengths)
+        if self.head_dim == HEAD_DIM {
+            self.token_f32_heads_n(rows, heads, out, HEAD_DIM)
+        } else {
+            self.token_f32_heads_n(rows, heads, out, self.head_dim)
+        }
+    }
+
+    #[inline(always)]
+    fn token_f32_heads_n(&self, rows: &[u8], heads: Heads, out: &mut [f32], hd: usize) {
+        let rb = self.format.row_bytes(hd);
+        for (h, o) in out.chunks_exact_mut(hd).enumerate() {
             match heads.position(h) {
-                Some(j) => self.row_f32(&rows[j * rb..(j + 1) * rb], o),
+                Some(j) => self.row_f32_n(&rows[j * rb..(j + 1) * rb], o, hd),
                 None => o.fill(-0.0),
             }
         }
