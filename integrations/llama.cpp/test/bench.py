@@ -1,94 +1,178 @@
 """Side by side: stock llama.cpp's lazy PLE path (the table in the GGUF as BF16 or Q4_0, mmapped,
-madvise(WILLNEED) per ubatch, page-faulted by get_rows) against the fork (--ple-table: libple's
-NVFP4 table, its default I/O mode and row cache), with llama-bench, alternating configurations.
+madvise(WILLNEED) per ubatch, page-faulted by get_rows) against the fork (--ple-table: libple's NVFP4
+table, MMAP or DIRECT + row cache, read-ahead across a batch's ubatches), through ple-bench-driver
+(test/bench_driver.cpp) over the test kit's corpus, alternating configurations.
 
-  bench.py BIN_DIR DATA_DIR THREADS
+  bench.py BIN_DIR DATA_DIR THREADS TOKENS.i32
 
-cold: every file of every configuration dropped from the page cache (posix_fadvise DONTNEED) before
-each run, one repetition, no warm-up; steady: llama-bench's warm-up, then 3 repetitions, same process.
-PLE_BENCH_ROUNDS rounds (default 3), alternating the configurations; each cell is the median round
-(tokens/s: median, then min-max). Bytes read from storage and peak RSS from the median round's
-rusage (ru_inblock x 512, ru_maxrss); they include loading the model's other weights (132 MiB)."""
+Each run is one process in its own memory cgroup (v1 memory controller or v2, as mounted), started
+after every file of every configuration was dropped from the page cache (posix_fadvise DONTNEED):
+- cold: the test straight away (its table reads all come from storage);
+- resident: the test twice on the same tokens, the second timed (its rows then in memory);
+- steady: the cgroup's memory (RSS + page cache, so stock's pages and the fork's row cache alike)
+  limited to PLE_BENCH_MEM_MB (default 1024); PLE_BENCH_WARM corpus tokens (default 8192) prefilled
+  first, then the test on the text that follows.
+Tests (PLE_BENCH_TESTS): prompt:P (one P-token prompt, n_ubatch 512), decode:S (32 steps of S sequences).
+PLE_BENCH_ROUNDS rounds (default 3): every configuration of every test and mode once per round.
+
+Per cell, the median round and the min-max: ms per ubatch (a decode step is one ubatch) and
+tokens/s; the PLE time per ubatch: for the fork, its own count (LLAMA_PLE_STATS=1: wall time in
+libple's rows per ubatch, patch 0008), and for every configuration the exposed PLE time = median
+ms per ubatch minus the median of the same configuration and test in the resident mode; storage
+bytes read per token in the timed part (/proc/self/io read_bytes of the driver); peak memory of the
+cgroup (RSS + page cache charged to it). Prints markdown tables; load averages to stderr."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 
-bin_dir, data, threads = sys.argv[1], sys.argv[2], sys.argv[3]
-bench = os.path.join(bin_dir, "llama-bench")
+bin_dir, data, threads, tokens = sys.argv[1:5]
+drv = os.path.join(bin_dir, "ple-bench-driver")
 table = os.path.join(data, "table")
 nople = os.path.join(data, "model-nople.gguf")
-configs = [  # name, llama-bench arguments, environment
-    ("stock BF16, lazy", ["-m", os.path.join(data, "model-bf16.gguf"), "-lzm", "on"], {}),
-    ("stock Q4_0, lazy", ["-m", os.path.join(data, "model-q4_0.gguf"), "-lzm", "on"], {}),
-    ("fork NVFP4, libple AUTO (MMAP here, no cache)", ["-m", nople, "--ple-table", table], {}),
-    ("fork NVFP4, libple DIRECT + 256 MiB row cache", ["-m", nople, "--ple-table", table],
-     {"LLAMA_PLE_IO": "direct", "LLAMA_PLE_CACHE_MB": "256"}),
+ROUNDS = int(os.environ.get("PLE_BENCH_ROUNDS", "3"))
+MEM_MB = int(os.environ.get("PLE_BENCH_MEM_MB", "1024"))
+CACHE_MB = int(os.environ.get("PLE_BENCH_CACHE_MB", "512"))
+WARM = int(os.environ.get("PLE_BENCH_WARM", "8192"))
+TESTS = os.environ.get("PLE_BENCH_TESTS", "prompt:512 prompt:2048 decode:1 decode:8").split()
+MODES = os.environ.get("PLE_BENCH_MODES", "cold resident steady").split()
+fork_env = {"LLAMA_PLE_STATS": "1"}
+configs = [  # name, driver arguments, environment
+    ("stock BF16", ["--lazy"], os.path.join(data, "model-bf16.gguf"), {}),
+    ("stock Q4_0", ["--lazy"], os.path.join(data, "model-q4_0.gguf"), {}),
+    ("fork MMAP", ["--ple-table", table], nople, {**fork_env, "LLAMA_PLE_IO": "mmap"}),
+    (f"fork DIRECT + {CACHE_MB} MiB cache", ["--ple-table", table], nople,
+     {**fork_env, "LLAMA_PLE_IO": "direct", "LLAMA_PLE_CACHE_MB": str(CACHE_MB)}),
 ]
-files = [os.path.join(data, f) for f in ("model-bf16.gguf", "model-q4_0.gguf", "model-nople.gguf")]
-files.append(os.path.join(table, "table.rows"))
-tests = [
-    ("prompt 512 tokens", ["-p", "512", "-n", "0"]),
-    ("prompt 2048 tokens", ["-p", "2048", "-n", "0"]),
-    ("decode, 1 sequence (32 tokens)", ["-p", "0", "-n", "32"]),
-    # llama-batched-bench: 8 sequences, 128-token prompts each, then 32 decode steps of all 8
-    ("decode, 8 sequences (32 steps after 128-token prompts)", None),
-]
+configs = [c for c in configs if os.path.exists(c[2])]
+files = sorted({c[2] for c in configs} | {os.path.join(table, "table.rows")})
+
+V1 = "/sys/fs/cgroup/memory"
+V2 = "/sys/fs/cgroup/unified" if os.path.exists("/sys/fs/cgroup/unified/cgroup.controllers") else "/sys/fs/cgroup"
+v1 = os.path.isdir(V1)
 
 
 def evict():
     for f in files:
         fd = os.open(f, os.O_RDONLY)
-        os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
 
 
-def run(args, env):
-    p = subprocess.Popen([bench, "-t", threads, "-o", "json", *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                         env={**os.environ, **env})
-    out = p.stdout.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    if status != 0:
-        raise SystemExit(f"llama-bench {' '.join(args)} failed ({status})")
-    r = json.loads(out)[0]
-    return r["avg_ts"], r["stddev_ts"], ru.ru_inblock * 512, ru.ru_maxrss * 1024
+class Cgroup:
+    """A memory cgroup for one run: its peak usage (RSS + page cache charged to it), an optional limit."""
+
+    def __init__(self, limit_mb: int | None):
+        self.path = os.path.join(V1 if v1 else V2, f"ple-bench-{os.getpid()}")
+        os.mkdir(self.path)
+        if limit_mb is not None:
+            self.write("memory.limit_in_bytes" if v1 else "memory.max", str(limit_mb << 20))
+
+    def write(self, name, value):
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(value)
+
+    def enter(self):  # in the child, before exec
+        self.write("cgroup.procs", str(os.getpid()))
+
+    def peak_mb(self):
+        name = "memory.max_usage_in_bytes" if v1 else "memory.peak"
+        try:
+            return int(open(os.path.join(self.path, name)).read()) / 2**20
+        except OSError:
+            return float("nan")
+
+    def remove(self):
+        for _ in range(50):
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.1)
 
 
-def run_batched(args, env):
-    """llama-batched-bench (common arguments: -lzm, --ple-table work as in llama-cli); its own -m."""
-    a = [x for x in args if x not in ("-r", "1", "3", "--no-warmup")]
-    p = subprocess.Popen([os.path.join(bin_dir, "llama-batched-bench"), "-t", threads, "-c", "4096", "-b", "2048",
-                          "-ub", "512", "-npp", "128", "-ntg", "32", "-npl", "8", "--output-format", "jsonl", *a],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, **env})
-    out = p.stdout.read().decode()
-    _, status, ru = os.wait4(p.pid, 0)
-    if status != 0:
-        raise SystemExit(f"llama-batched-bench {' '.join(a)} failed ({status})")
-    r = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-    return r["speed_tg"], 0.0, ru.ru_inblock * 512, ru.ru_maxrss * 1024
+def run(cfg, test, mode):
+    name, args, model, env = cfg
+    cmd = [drv, model, tokens, test, "--threads", threads, *args]
+    if mode == "resident":
+        cmd.append("--again")
+    if mode == "steady":
+        cmd += ["--warm", str(WARM)]
+    evict()
+    cg = Cgroup(MEM_MB if mode == "steady" else None)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, preexec_fn=cg.enter,
+                           timeout=900)
+        peak = cg.peak_mb()
+    finally:
+        cg.remove()
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    r["peak_mb"] = peak
+    # the fork's counters: the last line before the timed part, and the last line
+    before, after = {}, {}
+    for line in p.stderr.splitlines():
+        if "ple-bench-driver: measure" in line:
+            before = after
+        elif "llama_ple_stats:" in line:
+            after = {k: int(v) for k, v in (kv.split("=") for kv in line.split("llama_ple_stats:")[1].split())}
+    if after:
+        d = {k: after[k] - before.get(k, 0) for k in after}
+        r["ple_ms"] = d["rows_ns"] / 1e6 / max(d["ubatches"], 1)
+        r["ple_read"] = d["read_bytes"]
+        hm = d["cache_hits"] + d["cache_misses"]
+        r["hit"] = d["cache_hits"] / hm if hm else None
+    return r
 
 
-ROUNDS = int(os.environ.get("PLE_BENCH_ROUNDS", "3"))
-print(f"load average at start: {os.getloadavg()}", file=sys.stderr)
-for mode in ("cold", "steady"):
-    for tname, targs in tests:
-        res = {c[0]: [] for c in configs}
-        for _ in range(ROUNDS):  # alternating: every configuration once per round
-            for cname, cargs, cenv in configs:
-                go = run if targs is not None else run_batched
-                if mode == "cold":
-                    evict()
-                    res[cname].append(go([*cargs, *(targs or []), "-r", "1", "--no-warmup"], cenv))
-                else:  # llama-batched-bench: no warm-up or repetitions, only the page cache is warm
-                    res[cname].append(go([*cargs, *(targs or []), "-r", "3"], cenv))
-        for cname, _, _ in configs:
-            r = sorted(res[cname])
-            ts = [x[0] for x in r]
-            med = r[len(r) // 2]
-            print(f"| {mode} | {tname} | {cname} | {med[0]:.1f} ({ts[0]:.1f}-{ts[-1]:.1f}) "
-                  f"| {med[2] / 2**20:.1f} | {med[3] / 2**20:.0f} |", flush=True)
-print(f"load average at end: {os.getloadavg()}", file=sys.stderr)
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+res: dict = {}
+print(f"load average at start: {os.getloadavg()}", file=sys.stderr, flush=True)
+for rnd in range(ROUNDS):
+    for mode in MODES:
+        for test in TESTS:
+            for cfg in configs:  # alternating: every configuration once per round
+                r = run(cfg, test, mode)
+                res.setdefault((mode, test, cfg[0]), []).append(r)
+    print(f"round {rnd + 1}: load average {os.getloadavg()}", file=sys.stderr, flush=True)
+print(f"load average at end: {os.getloadavg()}", file=sys.stderr, flush=True)
+
+
+def per_ubatch(r):
+    return r["ms"] / r["ubatches"]
+
+
+def cell(xs, fmt="{:.2f}"):
+    return f"{fmt.format(med(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})" if xs else "-"
+
+
+summary = {}
+print("| run | test | configuration | ms per ubatch | tokens/s | PLE ms per ubatch: fork's own | "
+      "exposed PLE ms per ubatch (- resident) | storage read per token (KiB) | row-cache hits | peak memory (MiB) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for mode in MODES:
+    for test in TESTS:
+        for cfg in configs:
+            rs = res[(mode, test, cfg[0])]
+            ms = [per_ubatch(r) for r in rs]
+            ts = [r["tokens"] / r["ms"] * 1e3 for r in rs]
+            own = [r["ple_ms"] for r in rs if "ple_ms" in r]
+            base = res.get(("resident", test, cfg[0]))
+            exposed = med(ms) - med([per_ubatch(r) for r in base]) if base and mode != "resident" else None
+            rb = med([r["read_bytes"] / r["tokens"] / 1024 for r in rs])
+            hits = [r["hit"] for r in rs if r.get("hit") is not None]
+            summary[(mode, test, cfg[0])] = {"ms": med(ms), "own": med(own) if own else None, "exposed": exposed}
+            print(f"| {mode} | {test} | {cfg[0]} | {cell(ms)} | {cell(ts, '{:.0f}')} | {cell(own)} | "
+                  f"{'-' if exposed is None else f'{exposed:.2f}'} | {rb:.2f} | "
+                  f"{f'{100 * med(hits):.1f}%' if hits else '-'} | {med([r['peak_mb'] for r in rs]):.0f} |", flush=True)
+json.dump({f"{m}|{t}|{c}": v for (m, t, c), v in summary.items()},
+          open(os.environ.get("PLE_BENCH_JSON", os.devnull), "w"), indent=1)

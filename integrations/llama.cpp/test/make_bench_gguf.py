@@ -1,10 +1,11 @@
 """Bench inputs: the test's tiny Qwen4Exp (OUT/test-data/model.gguf) re-keyed to a larger NVFP4 table.
 
-  make_bench_gguf.py LLAMA_CPP_SRC MODEL.gguf TABLE_DIR OUT_DIR
+  make_bench_gguf.py LLAMA_CPP_SRC MODEL.gguf TABLE_DIR OUT_DIR [nople|bf16|q4_0 ...]
 
 Writes OUT_DIR/model-bf16.gguf and OUT_DIR/model-q4_0.gguf (per_layer_token_embd = the table's rows
 decoded from NVFP4, stored as BF16 / Q4_0: what stock llama.cpp can carry) and OUT_DIR/model-nople.gguf
-(no PLE tensor, for --ple-table), all three with the table's hash keys. Streams the rows in chunks.
+(no PLE tensor, for --ple-table), all three with the table's hash keys (or those named). Streams the rows
+in chunks straight into the GGUF: the disk holds each GGUF once, nothing more.
 """
 
 from __future__ import annotations
@@ -37,22 +38,22 @@ def decoded(a, b):
     return v * np.repeat(s, 16, axis=1) * scale
 
 
-def encode(kind):
-    path = os.path.join(out, f"rows-{kind}.bin")
-    width = 320 if kind == "bf16" else 90
-    if not os.path.exists(path) or os.path.getsize(path) != rows * width:
-        mm = np.memmap(path + ".tmp", np.uint8, "w+", shape=(rows, width))
+class Encoded:
+    """The table's rows as BF16 (320 B) or Q4_0 (90 B) bytes, encoded chunk by chunk as GGUFWriter writes
+    them (its `tofile`), so no copy of the encoded tensor is kept in memory or on disk."""
+
+    def __init__(self, kind):
+        self.kind, width = kind, (320 if kind == "bf16" else 90)
+        self.shape, self.dtype, self.nbytes = (rows, width), np.dtype(np.uint8), rows * width
+
+    def tofile(self, f):
         for a in range(0, rows, CHUNK):
             b = min(rows, a + CHUNK)
             x = decoded(a, b)
-            if kind == "bf16":
-                mm[a:b] = x.astype(ml.bfloat16).view(np.uint8).reshape(b - a, 320)
+            if self.kind == "bf16":
+                f.write(x.astype(ml.bfloat16).tobytes())
             else:
-                mm[a:b] = quantize(x, gguf.GGMLQuantizationType.Q4_0).reshape(b - a, 90)
-        mm.flush()
-        del mm
-        os.replace(path + ".tmp", path)
-    return np.memmap(path, np.uint8, "r", shape=(rows, width))
+                f.write(quantize(x, gguf.GGMLQuantizationType.Q4_0).tobytes())
 
 
 r = gguf.GGUFReader(model)
@@ -90,9 +91,10 @@ def write(name, ple):
     os.replace(path + ".tmp", path)
 
 
-write("model-nople.gguf", None)
-write("model-bf16.gguf", (encode("bf16"), gguf.GGMLQuantizationType.BF16))
-write("model-q4_0.gguf", (encode("q4_0"), gguf.GGMLQuantizationType.Q4_0))
-for k in ("bf16", "q4_0"):
-    os.remove(os.path.join(out, f"rows-{k}.bin"))
+which = sys.argv[5:] or ["nople", "bf16", "q4_0"]  # optional: which GGUFs to write (one process each)
+if "nople" in which:
+    write("model-nople.gguf", None)
+for k, q in (("bf16", gguf.GGMLQuantizationType.BF16), ("q4_0", gguf.GGMLQuantizationType.Q4_0)):
+    if k in which:
+        write(f"model-{k}.gguf", (Encoded(k), q))
 print("make_bench_gguf: done", out)
