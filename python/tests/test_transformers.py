@@ -224,8 +224,8 @@ def test_the_tables_hash_parameters_read_back(table_dir):
     assert got["ngram_heads_vocab_sizes"] == ref.ngram_heads_vocab_sizes.tolist()
 
 
-def test_more_ple_layers_than_libple_serves_are_refused(table_dir):
-    with pytest.raises(ValueError, match="ple_layer_ids: the model has 2 PLE layers"):
+def test_several_ple_layers_need_a_table_per_layer(table_dir):
+    with pytest.raises(ValueError, match="ple_layer_ids: the model has 2 PLE layers .* holds no layers.json"):
         pt.offload(_wrapped(config(), 2), table_dir)
     with pytest.raises(ValueError, match="no Qwen4ExpTextNGramEmbedding"):
         pt.offload(torch.nn.Linear(2, 2), table_dir)
@@ -318,3 +318,90 @@ def test_a_save_pretrained_checkpoint_packs_exactly_and_offload_gives_its_logits
     # the n-gram module itself, too: the offloaded embedding is the in-RAM module's, exactly
     a, b = model.model.layers[1].ple.ple_embedding, off.model.layers[1].ple.ple_embedding
     assert torch.equal(a(PROMPTS, None).view(bits[1]), b(PROMPTS, None).view(bits[1]))
+
+
+def two_layer_model() -> Qwen4ExpForCausalLM:
+    """A tiny random model with two PLE layers (ple_layer_ids [1, 3]: decoder layers 0 and 2, its
+    ple_layer_index 0 and 1, each with its own head sizes and multipliers), the real PLE shape."""
+    cfg = config(num_hidden_layers=3, layer_types=["linear_attention", "indexed_attention", "linear_attention"],
+                 ple_layer_ids=[1, 3])  # fmt: skip
+    torch.manual_seed(2)
+    m = Qwen4ExpForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for i in (0, 2):
+            m.model.layers[i].ple.conv1d.weight.normal_()  # zero at init would hide the context
+    return m
+
+
+def test_a_model_with_two_ple_layers_is_served_a_table_per_layer(tmp_path):
+    """`ple pack` of a save_pretrained checkpoint with two PLE layers writes layer-0/ and layer-1/
+    (each the layer's weight bit for bit) and layers.json; offload and from_pretrained serve both
+    layers and generate the in-RAM model's logits exactly; a layer's table is refused for the other
+    layer, naming the field; `--layer K` packs one layer into the directory itself."""
+    model = two_layer_model()
+    mods = [model.model.layers[i].ple.ple_embedding for i in (0, 2)]
+    assert [m.ple_layer_index for m in mods] == [0, 1]
+    assert mods[0].head_vocab_sizes != mods[1].head_vocab_sizes
+    assert not torch.equal(mods[0].layer_multipliers, mods[1].layer_multipliers)
+    ck, tab = str(tmp_path / "ckpt"), str(tmp_path / "table")
+    model.save_pretrained(ck)
+    ple.pack(ck, tab)
+    with open(os.path.join(tab, "layers.json")) as f:
+        index = json.load(f)
+    assert [(e["ple_layer_index"], e["dir"], e["decoder_layer"]) for e in index["layers"]] == [
+        (0, "layer-0", 0), (1, "layer-1", 2)]  # fmt: skip
+    assert not os.path.exists(os.path.join(tab, "table.json"))
+    for k, m in enumerate(mods):
+        w = m.ngram_embedding.weight.detach()
+        rows = np.fromfile(os.path.join(tab, f"layer-{k}", "table.rows"), "<u4").reshape(w.shape)
+        np.testing.assert_array_equal(rows, w.view(torch.int32).numpy().view(np.uint32))
+    with pytest.raises(ple.PleFormatError, match="holds the tables of 2 PLE layers"):
+        ple.Table(tab)
+
+    reference = greedy(model)
+    off = pt.offload(two_layer_model(), tab, max_tokens_per_step=7)
+    assert ngram_tensors(off) == []
+    served = [off.model.layers[i].ple.ple_embedding for i in (0, 2)]
+    assert [os.path.basename(m.table.path) for m in served] == ["layer-0", "layer-1"]
+    assert_same_generation(reference, greedy(off))
+    for a, b in zip(mods, served):  # each module's embedding, exactly
+        assert torch.equal(a(PROMPTS, None), b(PROMPTS, None))
+
+    # a set whose layers.json gives each layer the other's table: refused by name, model unchanged
+    swapped = tmp_path / "swapped"
+    swapped.mkdir()
+    os.symlink(os.path.join(tab, "layer-1"), swapped / "layer-0")
+    os.symlink(os.path.join(tab, "layer-0"), swapped / "layer-1")
+    shutil.copy(os.path.join(tab, "layers.json"), swapped / "layers.json")
+    m = two_layer_model()
+    with pytest.raises(ValueError, match=r"ngram_heads_vocab_sizes differ: table \[2129, .*\[2003, "):
+        pt.offload(m, str(swapped))
+    assert all(isinstance(m.model.layers[i].ple.ple_embedding, pt.NGramEmbedding) for i in (0, 2))
+    # a set without one of the model's layers
+    index["layers"] = index["layers"][:1]
+    with open(swapped / "layers.json", "w") as f:
+        json.dump(index, f)
+    with pytest.raises(ValueError, match="no table for ple_layer_index 1"):
+        pt.offload(m, str(swapped))
+
+    # one layer: `ple pack --layer 1` writes that layer's table into the directory itself
+    one = str(tmp_path / "one")
+    subprocess.run([_ple_bin(), "pack", ck, one, "--layer", "1"], check=True, capture_output=True)
+    with open(os.path.join(one, "table.rows"), "rb") as f1, open(os.path.join(tab, "layer-1", "table.rows"), "rb") as f2:
+        assert f1.read() == f2.read()
+    with ple.Table(one) as t:
+        pt.validate(t, mods[1])
+        with pytest.raises(ValueError, match="ngram_heads_vocab_sizes differ"):
+            pt.validate(t, mods[0])
+    # all layers into a directory holding one table: refused, unless forced
+    with pytest.raises(ple.PleFormatError, match="holds a single table"):
+        ple.pack(ck, one)
+    ple.pack(ck, one, force=True)
+    assert sorted(os.listdir(one)) == ["layer-0", "layer-1", "layers.json"]
+    bad = subprocess.run([_ple_bin(), "pack", ck, str(tmp_path / "none"), "--layer", "2"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no PLE layer with ple_layer_index 2" in bad.stderr
+
+    # from_pretrained: packs (here: reuses) both layers, loads without the weights, same logits
+    loaded = pt.from_pretrained(ck, tab, progress=False)
+    assert ngram_tensors(loaded) == []
+    assert_same_generation(reference, greedy(loaded))

@@ -19,7 +19,9 @@ pub unsafe extern "C" fn ple_pack_options_default(options: *mut ple_pack_options
 }
 
 /// Packs the checkpoint in `checkpoint_dir` (or the llama.cpp GGUF file `checkpoint_dir` names:
-/// docs/FORMAT.md, "GGUF sources") into a table in `out_dir` (created if needed), blocking
+/// docs/FORMAT.md, "GGUF sources") into a table in `out_dir` (created if needed; a checkpoint
+/// with several PLE layers gets one table per layer, `out_dir/layer-K/`, indexed by
+/// `out_dir/layers.json`: docs/FORMAT.md, "Several PLE layers"), blocking
 /// until it is written and synced. An identical existing table is reused; one from another
 /// checkpoint is refused unless `options->force`. Crash-safe: an interrupted pack never leaves a
 /// table that opens, and handles open on a table it replaces keep reading the old rows (how:

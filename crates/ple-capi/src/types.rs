@@ -566,6 +566,7 @@ pub fn pack_options_from_c(c: &ple_pack_options) -> Result<PackOptions> {
         buffer_bytes: c.buffer_bytes as usize,
         preallocate: true,
         shard,
+        layer: None,
     })
 }
 

@@ -111,6 +111,15 @@ fn f32_f16_and_bf16_ggufs_pack_to_the_checkpoints_rows() {
     assert_eq!(m.row_format, RowFormat::Bf16);
     assert_eq!(rows_of(&d.path().join("gbf")), rows_of(&tb));
 
+    // the table opens with the GGUF as its checkpoint, and not with another GGUF
+    let with = |ck: &str| ple_core::format::table::TableOpenOptions {
+        checkpoint_dir: Some(d.path().join(ck)),
+        ..Default::default()
+    };
+    ple_core::format::table::Table::open(&d.path().join("gbf"), &with("mbf.gguf")).unwrap();
+    let e = ple_core::format::table::Table::open(&d.path().join("gbf"), &with("m32.gguf"));
+    assert!(e.is_err_and(|e| e.to_string().contains("was packed from 'mbf.gguf'")));
+
     // packing the same GGUF again reuses the table; another GGUF is refused without force
     let r = pack_quiet(&g, &d.path().join("gbf"), &PackOptions::default()).unwrap();
     assert!(r.reused);

@@ -29,7 +29,8 @@ def pack(
         The checkpoint (safetensors shards and their index), or a llama.cpp Qwen4Exp GGUF file
         whose PLE tensor is F32, F16 or BF16 (docs/FORMAT.md, "GGUF sources").
     out_dir : str or os.PathLike
-        The table directory to write.
+        The table directory to write (for a checkpoint with several PLE layers: ``layer-K/``
+        per layer and ``layers.json`` in it; docs/FORMAT.md, "Several PLE layers").
     force : bool, default False
         Replace a table already there that was packed from another checkpoint.
     buffer_bytes : int, optional

@@ -13,6 +13,7 @@ ple`` works without them.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import deque
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
@@ -43,8 +44,8 @@ __all__ = ["OffloadedNGramEmbedding", "offload", "from_pretrained", "NGramEmbedd
 # a submitted step with the first and end token of the batch it holds
 _Submitted = Tuple[Step, int, int]
 
-# libple serves one PLE layer per table (the model's hash parameters of one ple_layer_index)
-MAX_PLE_LAYERS = 1
+# the index of a table set with one table per PLE layer (`ple pack` of a checkpoint with several)
+LAYERS_FILE = "layers.json"
 
 
 class OffloadedNGramEmbedding(torch.nn.Module):
@@ -345,20 +346,49 @@ def _ngram_modules(model: Any) -> List[Tuple[str, Any]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, NGramEmbedding)]
 
 
+def _layer_tables(table_dir: str, found: List[Tuple[str, Any]]) -> List[Tuple[str, Any, str]]:
+    """``(name, module, table directory)`` for each n-gram module: `table_dir` itself when it holds
+    one table (a model with one PLE layer), else the directory its ``layers.json`` gives the
+    module's ``ple_layer_index`` (docs/FORMAT.md, "Several PLE layers")."""
+    index_path = os.path.join(table_dir, LAYERS_FILE)
+    if not os.path.exists(index_path):
+        if len(found) > 1:
+            raise ValueError(
+                f"ple_layer_ids: the model has {len(found)} PLE layers ({', '.join(n for n, _ in found)}), but "
+                f"{table_dir} holds no {LAYERS_FILE} (one table per PLE layer: `ple pack CHECKPOINT DIR`)"
+            )
+        return [(found[0][0], found[0][1], table_dir)]
+    with open(index_path) as f:
+        index = json.load(f)
+    dirs = {int(e["ple_layer_index"]): os.path.join(table_dir, e["dir"]) for e in index["layers"]}
+    out = []
+    for name, module in found:
+        k = int(module.ple_layer_index)
+        if k not in dirs:
+            raise ValueError(
+                f"{table_dir}: ple_layer_index differs: no table for ple_layer_index {k} ({name}); "
+                f"{LAYERS_FILE} lists {sorted(dirs)}"
+            )
+        out.append((name, module, dirs[k]))
+    return out
+
+
 def offload(model: Any, table_dir: PathLike, **table_options: Any) -> Any:
-    """Replaces the model's ``Qwen4ExpTextNGramEmbedding`` with an `OffloadedNGramEmbedding`
-    reading `table_dir`. The table is validated against the module first; on a mismatch the
-    model is left unchanged.
+    """Replaces each of the model's ``Qwen4ExpTextNGramEmbedding`` modules (one per PLE layer)
+    with an `OffloadedNGramEmbedding` reading its layer's table. Every table is validated against
+    its module first; on a mismatch the model is left unchanged.
 
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        A Qwen4Exp model holding one n-gram module.
+        A Qwen4Exp model holding one n-gram module per PLE layer.
     table_dir : str or os.PathLike
-        The packed table.
+        The packed table (a model with one PLE layer), or the directory `ple pack` writes for a
+        checkpoint with several: ``layer-K/`` per layer and ``layers.json``, each module served by
+        the table of its ``ple_layer_index``.
     **table_options
-        `ple.Table` options (`TableOptions`); ``cuda_device`` defaults to the module's CUDA
-        device, if any.
+        `ple.Table` options (`TableOptions`), for every layer's table; ``cuda_device`` defaults
+        to the module's CUDA device, if any.
 
     Returns
     -------
@@ -368,35 +398,38 @@ def offload(model: Any, table_dir: PathLike, **table_options: Any) -> Any:
     Raises
     ------
     ValueError
-        The model holds no n-gram module or more than one, or the table differs from the module
-        (the message names the field and both values).
+        The model holds no n-gram module, `table_dir` has no table for one of its PLE layers, or a
+        table differs from its module (the message names the field and both values).
     PleError
-        The table does not open (`PleNotFoundError`, `PleFormatError`, ...).
+        A table does not open (`PleNotFoundError`, `PleFormatError`, ...).
     """
     found = _ngram_modules(model)
     if not found:
         raise ValueError(f"{type(model).__name__} holds no Qwen4ExpTextNGramEmbedding: nothing to offload")
-    if len(found) > MAX_PLE_LAYERS:
-        raise ValueError(
-            f"ple_layer_ids: the model has {len(found)} PLE layers ({', '.join(n for n, _ in found)}); "
-            f"libple serves {MAX_PLE_LAYERS} table per model"
-        )
-    name, module = found[0]
-    opts = dict(table_options)
-    dev = _module_device(module, model)
-    if "cuda_device" not in opts and dev.type == "cuda":
-        opts["cuda_device"] = dev.index or 0
-    table = Table(table_dir, **opts)
-    validate(table, module, name)
-    new = OffloadedNGramEmbedding(module, table, _module_dtype(module, model), int(opts.get("cuda_device", -1)))
-    parent_name, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
-    earlier = _first_decoder_layer_before(model, name)
-    if earlier is not None:
-        new._prefetch_hook = earlier.register_forward_pre_hook(
-            lambda _m, _args, kw: new.prefetch(kw.get("ple_input_ids"), kw.get("past_key_values")),
-            with_kwargs=True,
-        )
+    served: List[Tuple[str, Any, Table, Dict[str, Any]]] = []
+    try:
+        for name, module, path in _layer_tables(os.fspath(table_dir), found):
+            opts = dict(table_options)
+            dev = _module_device(module, model)
+            if "cuda_device" not in opts and dev.type == "cuda":
+                opts["cuda_device"] = dev.index or 0
+            table = Table(path, **opts)
+            served.append((name, module, table, opts))
+            validate(table, module, name)
+    except BaseException:
+        for _, _, table, _ in served:
+            table.close()
+        raise
+    for name, module, table, opts in served:
+        new = OffloadedNGramEmbedding(module, table, _module_dtype(module, model), int(opts.get("cuda_device", -1)))
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+        earlier = _first_decoder_layer_before(model, name)
+        if earlier is not None:
+            new._prefetch_hook = earlier.register_forward_pre_hook(
+                lambda _m, _args, kw, new=new: new.prefetch(kw.get("ple_input_ids"), kw.get("past_key_values")),
+                with_kwargs=True,
+            )
     return model
 
 
@@ -484,7 +517,7 @@ def from_pretrained(
     """Loads a Qwen4Exp checkpoint with transformers without the n-gram weight, packs its n-gram
     table when `table_dir` holds no table of this checkpoint yet, and offloads (`offload`).
 
-    The model is built by transformers on the meta device as usual; the n-gram module's
+    The model is built by transformers on the meta device as usual; each n-gram module's
     ``nn.Embedding`` is replaced before loading by a stand-in without parameters, and the
     checkpoint's ``ngram_embedding.shard_*`` tensors are ignored keys, so they are never read.
     The table is opened with ``checkpoint_dir`` set, so a table packed from another checkpoint
@@ -496,7 +529,8 @@ def from_pretrained(
     checkpoint_dir : str or os.PathLike
         The checkpoint (a local directory).
     table_dir : str or os.PathLike, optional
-        Where the table is (or is packed to); default ``<checkpoint_dir>/ple-table``.
+        Where the table is (or is packed to; one table per PLE layer, ``layer-K/``, for a
+        checkpoint with several); default ``<checkpoint_dir>/ple-table``.
     model_class : type, optional
         The model class; default the one ``AutoModelForCausalLM`` picks for the config.
     table_options : dict, optional
@@ -510,7 +544,7 @@ def from_pretrained(
     Returns
     -------
     transformers.PreTrainedModel
-        The model, its n-gram module served by libple.
+        The model, its n-gram modules served by libple.
 
     Raises
     ------

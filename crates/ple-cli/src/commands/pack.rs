@@ -28,6 +28,11 @@ pub struct PackArgs {
     /// that opens the table with `shard_index K, shard_count N`.
     #[arg(long, value_name = "K/N", value_parser = crate::parse::parse_shard)]
     pub shard: Option<ple_core::shard::Shard>,
+    /// Pack only the PLE layer with this `ple_layer_index` (its position in config.json's
+    /// `ple_layer_ids`), into OUT itself. Default: every layer (OUT/layer-K/ each, and
+    /// OUT/layers.json, when the checkpoint has several).
+    #[arg(long, value_name = "K")]
+    pub layer: Option<u64>,
 }
 
 pub fn run(a: PackArgs) -> Result<()> {
@@ -37,6 +42,7 @@ pub fn run(a: PackArgs) -> Result<()> {
         buffer_bytes: a.buffer_bytes,
         preallocate: !a.no_preallocate,
         shard: a.shard.unwrap_or_default(),
+        layer: a.layer,
     };
     let r = crate::progress::pack_with_bar(&a.checkpoint_dir, &a.out_dir, &opts, a.progress_lines)?;
     let secs = r.elapsed.as_secs_f64();

@@ -6,9 +6,11 @@
 //! every tensor's `data_offsets` against the file); the packer reads the shard data itself.
 
 mod hash;
+mod layers;
 
 use hash::resolve_hash;
 pub use hash::{HASH_TENSOR_KEYS, HashSource};
+pub use layers::PleLayer;
 
 use crate::error::{Error, Result};
 use crate::format::files::{MAX_CONFIG, non_empty, read_text_capped};
@@ -160,42 +162,34 @@ fn check_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The PLE table's prefix: the one `*.ngram_embedding.shard_0.weight`, never a hard-coded layer.
-fn find_prefix(tensors: &Tensors, d: &str) -> Result<String> {
-    let mut prefixes: Vec<String> = tensors
+/// The PLE layers of the checkpoint (at least one), from its tensors and config.json.
+fn find_layers(
+    tensors: &Tensors,
+    dir: &Path,
+    config: Option<&ModelConfig>,
+    d: &str,
+) -> Result<Vec<PleLayer>> {
+    let ids = layers::ple_layer_ids(&dir.join(CONFIG_FILE))?;
+    let single = config.map_or(0, |c| c.ple_layer_index);
+    let found = layers::find_layers(tensors, ids.as_deref(), single, d)?;
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    let mut any: Vec<&String> = tensors
         .by_name
         .keys()
-        .filter_map(|n| {
-            n.strip_suffix(".shard_0.weight")
-                .filter(|_| n.ends_with(SHARD0_SUFFIX))
-                .map(str::to_string)
-        })
+        .filter(|n| n.contains(".ngram_embedding.shard_"))
         .collect();
-    prefixes.sort();
-    match prefixes.len() {
-        1 => Ok(prefixes.remove(0)),
-        0 => {
-            let mut any: Vec<&String> = tensors
-                .by_name
-                .keys()
-                .filter(|n| n.contains(".ngram_embedding.shard_"))
-                .collect();
-            any.sort();
-            Err(match any.first() {
-                Some(n) => Error::Format(format!(
-                    "{d}: missing shard 0: the checkpoint has PLE shard tensors (e.g. '{n}') but no '*{SHARD0_SUFFIX}'"
-                )),
-                None => Error::Format(format!(
-                    "{d}: no PLE n-gram table: no tensor named '*{SHARD0_SUFFIX}' among the {} tensors",
-                    tensors.by_name.len()
-                )),
-            })
-        }
-        _ => Err(Error::Format(format!(
-            "{d}: several PLE tables: {} (one PLE layer expected)",
-            prefixes.join(", ")
-        ))),
-    }
+    any.sort();
+    Err(match any.first() {
+        Some(n) => Error::Format(format!(
+            "{d}: missing shard 0: the checkpoint has PLE shard tensors (e.g. '{n}') but no '*{SHARD0_SUFFIX}'"
+        )),
+        None => Error::Format(format!(
+            "{d}: no PLE n-gram table: no tensor named '*{SHARD0_SUFFIX}' among the {} tensors",
+            tensors.by_name.len()
+        )),
+    })
 }
 
 /// Refuses PLE or hash tensors held by two files, and an index that disagrees with the headers
@@ -461,11 +455,46 @@ fn global_scale(
 }
 
 impl Checkpoint {
-    /// Locates and checks the PLE table of the checkpoint in `dir`
+    /// Locates and checks the PLE table of the checkpoint in `dir` (its only PLE layer)
     /// (`docs/FORMAT.md#safetensors-checkpoints`), or of the GGUF file `dir`
     /// (`docs/FORMAT.md#gguf-sources`).
     pub fn open(dir: &Path) -> Result<Checkpoint> {
+        Checkpoint::open_layer(dir, None)
+    }
+
+    /// The PLE layers of the checkpoint in `dir` (one for a GGUF)
+    /// (`docs/FORMAT.md#several-ple-layers`).
+    pub fn layers(dir: &Path) -> Result<Vec<PleLayer>> {
         if dir.is_file() && crate::format::gguf::is_gguf(dir) {
+            let ck = crate::format::gguf_source::open(dir)?;
+            return Ok(vec![PleLayer {
+                index: 0,
+                prefix: ck.prefix,
+                decoder_layer: None,
+            }]);
+        }
+        check_dir(dir)?;
+        let (tensors, _) = load_tensors(dir)?;
+        let config_path = dir.join(CONFIG_FILE);
+        let config = if config_path.exists() {
+            Some(read_config(&config_path)?)
+        } else {
+            None
+        };
+        find_layers(&tensors, dir, config.as_ref(), &dir.display().to_string())
+    }
+
+    /// As [`Checkpoint::open`], for the PLE layer whose `ple_layer_index` is `layer` (`None`: the
+    /// only one). Its hash is derived with that index.
+    pub fn open_layer(dir: &Path, layer: Option<u64>) -> Result<Checkpoint> {
+        if dir.is_file() && crate::format::gguf::is_gguf(dir) {
+            if layer.is_some_and(|k| k != 0) {
+                return Err(Error::Format(format!(
+                    "{}: a GGUF carries one PLE layer (index 0), not layer {}",
+                    dir.display(),
+                    layer.unwrap_or_default()
+                )));
+            }
             return crate::format::gguf_source::open(dir);
         }
         check_dir(dir)?;
@@ -473,18 +502,26 @@ impl Checkpoint {
         let fingerprint = fingerprint(dir)?;
         let d = dir.display().to_string();
         let d = d.as_str();
-        let prefix = find_prefix(&tensors, d)?;
+        let config_path = dir.join(CONFIG_FILE);
+        let mut config = if config_path.exists() {
+            Some(read_config(&config_path)?)
+        } else {
+            None
+        };
+        let all = find_layers(&tensors, dir, config.as_ref(), d)?;
+        let chosen = layers::choose(&all, layer, d)?;
+        if let Some(c) = config.as_mut() {
+            c.ple_layer_index = chosen.index;
+            c.validate().map_err(|e| {
+                Error::Format(format!("{}: {}", config_path.display(), strip_format(&e)))
+            })?;
+        }
+        let prefix = chosen.prefix;
         let module = prefix
             .strip_suffix(".ngram_embedding")
             .unwrap_or(&prefix)
             .to_string();
         check_index(&tensors, index.as_ref(), &prefix, &module, d)?;
-        let config_path = dir.join(CONFIG_FILE);
-        let config = if config_path.exists() {
-            Some(read_config(&config_path)?)
-        } else {
-            None
-        };
         let (shard_tensors, num_shards) = collect_shards(&tensors, &prefix, config.as_ref(), d)?;
         let format = row_format_of(shard_tensors[&(0, "weight".to_string())], d)?;
         let (hash, hash_source) = resolve_hash(&tensors, &module, config.as_ref(), d)?;

@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod gguf_source;
 mod open;
 pub mod pack;
+pub mod pack_layers;
 pub mod python_table;
 pub mod safetensors;
 pub mod table;

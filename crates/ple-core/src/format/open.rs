@@ -35,6 +35,15 @@ impl Table {
             TableMeta::from_json(&text, &meta_path)?
         } else if let Some((rows, json)) = find_python_table(dir)? {
             python_table_meta(dir, &rows, &json, opts)?
+        } else if let Some(idx) = crate::format::pack_layers::read_layers(dir)? {
+            let dirs: Vec<String> = idx.layers.iter().map(|l| l.dir.clone()).collect();
+            return Err(Error::Format(format!(
+                "{} holds the tables of {} PLE layers ({}): open one layer's directory ({})",
+                dir.display(),
+                idx.layers.len(),
+                crate::format::pack_layers::LAYERS_FILE,
+                dirs.join(", ")
+            )));
         } else {
             return Err(Error::Format(format!(
                 "{} holds no packed table: {META_FILE} is missing and there is no <name>{PY_ROWS_SUFFIX} with <name>{PY_ROWS_SUFFIX}.json (pack a checkpoint with `ple pack`)",

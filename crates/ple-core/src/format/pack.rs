@@ -44,6 +44,10 @@ pub struct PackOptions {
     /// records the shard): the whole table's rows `[offset[h0], end(h1))`, re-based to 0.
     /// [`Shard::WHOLE`] (the default) writes the whole table.
     pub shard: Shard,
+    /// Pack only the PLE layer with this `ple_layer_index`, into `out` itself; `None` (the
+    /// default) packs every layer: `out` holds the table when the checkpoint has one, else
+    /// `out/layer-K/` per layer and `out/layers.json` (`docs/FORMAT.md#several-ple-layers`).
+    pub layer: Option<u64>,
 }
 
 impl Default for PackOptions {
@@ -53,6 +57,7 @@ impl Default for PackOptions {
             buffer_bytes: 8 << 20,
             preallocate: true,
             shard: Shard::WHOLE,
+            layer: None,
         }
     }
 }
@@ -106,7 +111,7 @@ fn sync_range(f: &File, off: u64, len: u64, flags: libc::c_uint) {
     let _ = crate::sys::sync_file_range(f.as_fd(), off, len, flags);
 }
 
-fn fsync_dir(dir: &File, path: &Path) -> Result<()> {
+pub(crate) fn fsync_dir(dir: &File, path: &Path) -> Result<()> {
     dir.sync_all()
         .map_err(|e| Error::io_path("syncing directory", path, e))
 }
@@ -115,7 +120,7 @@ fn fsync_dir(dir: &File, path: &Path) -> Result<()> {
 /// by someone else for longer than [`LOCK_PATIENCE`] is another packer: an error. (Waiting that
 /// long covers a brief holder: a child the host forks while a pack runs shares the pack's lock
 /// until it execs.)
-fn lock_dir(out: &Path) -> Result<File> {
+pub(crate) fn lock_dir(out: &Path) -> Result<File> {
     let d = File::open(out).map_err(|e| Error::io_path("opening directory", out, e))?;
     let t0 = std::time::Instant::now();
     loop {
@@ -232,20 +237,40 @@ pub const MIN_BUFFER_BYTES: usize = 4096;
 /// Largest `PackOptions::buffer_bytes` (1 GiB).
 pub const MAX_BUFFER_BYTES: usize = 1 << 30;
 
-/// Packs `checkpoint` into `out`. `progress(done, total)` returns false to cancel.
+/// Packs `checkpoint` (a checkpoint directory or a GGUF file) into `out`: its only PLE layer, the
+/// layer `opts.layer`, or every layer (`out/layer-K/`, `docs/FORMAT.md#several-ple-layers`).
+/// `progress(done, total)` returns false to cancel.
 pub fn pack(
     checkpoint: &Path,
     out: &Path,
     opts: &PackOptions,
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> Result<PackReport> {
-    let t0 = Instant::now();
     non_empty(checkpoint, "checkpoint directory")?;
     non_empty(out, "output directory")?;
     if opts.buffer_bytes < MIN_BUFFER_BYTES {
         return crate::invalid!("buffer_bytes {} < {MIN_BUFFER_BYTES}", opts.buffer_bytes);
     }
-    let ck = Checkpoint::open(checkpoint)?;
+    if opts.layer.is_some() {
+        let ck = Checkpoint::open_layer(checkpoint, opts.layer)?;
+        return pack_one(&ck, out, opts, progress);
+    }
+    let layers = Checkpoint::layers(checkpoint)?;
+    if layers.len() == 1 {
+        let ck = Checkpoint::open(checkpoint)?;
+        return pack_one(&ck, out, opts, progress);
+    }
+    crate::format::pack_layers::pack_layers(checkpoint, &layers, out, opts, progress)
+}
+
+/// Packs the (opened) PLE table `ck` into the table directory `out`.
+pub(crate) fn pack_one(
+    ck: &Checkpoint,
+    out: &Path,
+    opts: &PackOptions,
+    progress: &mut dyn FnMut(u64, u64) -> bool,
+) -> Result<PackReport> {
+    let t0 = Instant::now();
     let meta = shard_meta(ck.table_meta()?, opts.shard)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io_path("creating", out, e))?;
     let dir = lock_dir(out)?;
@@ -273,7 +298,7 @@ pub fn pack(
     let meta_tmp = out.join(format!("{META_TMP_PREFIX}{pid}"));
     let temps = TempFiles(vec![rows_tmp.clone(), meta_tmp.clone()]);
 
-    report.bytes_written = write_rows(&ck, &meta, &rows_tmp, opts, progress)?;
+    report.bytes_written = write_rows(ck, &meta, &rows_tmp, opts, progress)?;
 
     let json = serde_json::to_string_pretty(&meta).expect("metadata serialises");
     {
@@ -317,7 +342,7 @@ pub fn pack(
 }
 
 /// The metadata of shard `s` of the whole table `whole` (itself for [`Shard::WHOLE`]).
-fn shard_meta(whole: TableMeta, s: Shard) -> Result<TableMeta> {
+pub(crate) fn shard_meta(whole: TableMeta, s: Shard) -> Result<TableMeta> {
     if s.is_whole() {
         return Ok(whole);
     }
