@@ -398,6 +398,12 @@ def test_a_model_with_two_ple_layers_is_served_a_table_per_layer(tmp_path):
         ple.pack(ck, one)
     ple.pack(ck, one, force=True)
     assert sorted(os.listdir(one)) == ["layer-0", "layer-1", "layers.json"]
+    # and back: one layer into a directory holding a set, likewise
+    again = [_ple_bin(), "pack", ck, one, "--layer", "0"]
+    refused = subprocess.run(again, capture_output=True, text=True)
+    assert refused.returncode != 0 and "holds the tables of 2 PLE layers" in refused.stderr
+    subprocess.run(again + ["--force"], check=True, capture_output=True)
+    assert sorted(os.listdir(one)) == ["table.json", "table.rows"]
     bad = subprocess.run([_ple_bin(), "pack", ck, str(tmp_path / "none"), "--layer", "2"], capture_output=True, text=True)
     assert bad.returncode != 0 and "no PLE layer with ple_layer_index 2" in bad.stderr
 

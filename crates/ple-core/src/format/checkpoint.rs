@@ -466,10 +466,10 @@ impl Checkpoint {
     /// (`docs/FORMAT.md#several-ple-layers`).
     pub fn layers(dir: &Path) -> Result<Vec<PleLayer>> {
         if dir.is_file() && crate::format::gguf::is_gguf(dir) {
-            let ck = crate::format::gguf_source::open(dir)?;
+            // checked when it is opened
             return Ok(vec![PleLayer {
                 index: 0,
-                prefix: ck.prefix,
+                prefix: crate::format::gguf_source::PLE_TENSOR.to_string(),
                 decoder_layer: None,
             }]);
         }

@@ -251,16 +251,14 @@ pub fn pack(
     if opts.buffer_bytes < MIN_BUFFER_BYTES {
         return crate::invalid!("buffer_bytes {} < {MIN_BUFFER_BYTES}", opts.buffer_bytes);
     }
-    if opts.layer.is_some() {
-        let ck = Checkpoint::open_layer(checkpoint, opts.layer)?;
-        return pack_one(&ck, out, opts, progress);
-    }
     let layers = Checkpoint::layers(checkpoint)?;
-    if layers.len() == 1 {
-        let ck = Checkpoint::open(checkpoint)?;
-        return pack_one(&ck, out, opts, progress);
+    if opts.layer.is_none() && layers.len() > 1 {
+        return crate::format::pack_layers::pack_layers(checkpoint, &layers, out, opts, progress);
     }
-    crate::format::pack_layers::pack_layers(checkpoint, &layers, out, opts, progress)
+    let ck = Checkpoint::open_layer(checkpoint, opts.layer)?;
+    shard_meta(ck.table_meta()?, opts.shard)?; // servable, before a set in `out` is replaced
+    crate::format::pack_layers::replace_set(out, opts.force)?;
+    pack_one(&ck, out, opts, progress)
 }
 
 /// Packs the (opened) PLE table `ck` into the table directory `out`.

@@ -66,6 +66,36 @@ pub fn read_layers(dir: &Path) -> Result<Option<LayersIndex>> {
     Ok(Some(idx))
 }
 
+/// Before a single table is packed into `out`: a layer set there (`layers.json`) is refused, or
+/// with `force` removed (its index first, then the layer directories it lists).
+pub(crate) fn replace_set(out: &Path, force: bool) -> Result<()> {
+    let Some(idx) = read_layers(out)? else {
+        return Ok(());
+    };
+    if !force {
+        return Err(Error::Format(format!(
+            "{} holds the tables of {} PLE layers ({LAYERS_FILE}); refusing to put a single table there without force",
+            out.display(),
+            idx.layers.len()
+        )));
+    }
+    let p = out.join(LAYERS_FILE);
+    std::fs::remove_file(&p).map_err(|e| Error::io_path("removing", &p, e))?;
+    for l in &idx.layers {
+        // only the directories this packer names (`layer-K`), never a path from elsewhere
+        if l.dir == layer_dir_name(l.ple_layer_index) {
+            let d = out.join(&l.dir);
+            match std::fs::remove_dir_all(&d) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io_path("removing", &d, e));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Packs each of `layers` of `checkpoint` into `out/layer-K/`, then writes `out/layers.json`.
 pub(crate) fn pack_layers(
     checkpoint: &Path,
