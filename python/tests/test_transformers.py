@@ -350,6 +350,9 @@ def test_a_model_with_two_ple_layers_is_served_a_table_per_layer(tmp_path):
         index = json.load(f)
     assert [(e["ple_layer_index"], e["dir"], e["decoder_layer"]) for e in index["layers"]] == [
         (0, "layer-0", 0), (1, "layer-1", 2)]  # fmt: skip
+    for k in (0, 1):
+        with ple.Table(os.path.join(tab, f"layer-{k}")) as t:
+            assert t.info.ple_layer_index == k
     assert not os.path.exists(os.path.join(tab, "table.json"))
     for k, m in enumerate(mods):
         w = m.ngram_embedding.weight.detach()
@@ -374,7 +377,7 @@ def test_a_model_with_two_ple_layers_is_served_a_table_per_layer(tmp_path):
     os.symlink(os.path.join(tab, "layer-0"), swapped / "layer-1")
     shutil.copy(os.path.join(tab, "layers.json"), swapped / "layers.json")
     m = two_layer_model()
-    with pytest.raises(ValueError, match=r"ngram_heads_vocab_sizes differ: table \[2129, .*\[2003, "):
+    with pytest.raises(ValueError, match=r"ple_layer_index differs: table 1, model \(model.layers.0.*\) 0"):
         pt.offload(m, str(swapped))
     assert all(isinstance(m.model.layers[i].ple.ple_embedding, pt.NGramEmbedding) for i in (0, 2))
     # a set without one of the model's layers
@@ -390,9 +393,15 @@ def test_a_model_with_two_ple_layers_is_served_a_table_per_layer(tmp_path):
     with open(os.path.join(one, "table.rows"), "rb") as f1, open(os.path.join(tab, "layer-1", "table.rows"), "rb") as f2:
         assert f1.read() == f2.read()
     with ple.Table(one) as t:
+        assert t.info.ple_layer_index == 1
         pt.validate(t, mods[1])
-        with pytest.raises(ValueError, match="ngram_heads_vocab_sizes differ"):
+        with pytest.raises(ValueError, match="ple_layer_index differs: table 1, model"):
             pt.validate(t, mods[0])
+        # the same table claiming layer 0 is still refused: its hash is layer 1's
+        mods[0].ple_layer_index = 1
+        with pytest.raises(ValueError, match=r"ngram_heads_vocab_sizes differ: table \[2129, .*\[2003, "):
+            pt.validate(t, mods[0])
+        mods[0].ple_layer_index = 0
     # all layers into a directory holding one table: refused, unless forced
     with pytest.raises(ple.PleFormatError, match="holds a single table"):
         ple.pack(ck, one)

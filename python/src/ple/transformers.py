@@ -319,6 +319,7 @@ def validate(table: Table, module: Any, name: str = "n-gram module") -> None:
         ("num_heads", i.num_heads, module.ngram_heads),
         ("head_dim", i.head_dim, emb.embedding_dim),
         ("ple_embed_dim", i.embed_dim, module.ngram_heads * emb.embedding_dim),
+        ("ple_layer_index", i.ple_layer_index, int(module.ple_layer_index)),
     ]
     for field, tv, mv in want:
         if tv != mv:
