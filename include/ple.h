@@ -282,8 +282,10 @@ typedef struct ple_options {
   // How a GPU handle orders the kernel after a step: a `PLE_WAIT_*` value (default
   // `PLE_WAIT_AUTO`).
   ple_wait_mode wait_mode;
-  // For tables made by the Python tool (`*.packed_u8`): path of the checkpoint's `config.json`
-  // (NULL: look beside the table). Ignored for libple tables.
+  // Path of the model's `config.json`. A libple table must have its geometry (n-gram size,
+  // heads per n-gram, head dim, PLE layer index) and hash parameters, else opening fails with
+  // `PLE_E_FORMAT` naming the field (since 0.3; NULL: not checked). A table made by the Python
+  // tool (`*.packed_u8`) takes its hash parameters from it (NULL: look beside the table).
   const char *config_json_path;
   // If not NULL: the checkpoint directory the table must have been packed from; opening fails
   // with `PLE_E_FORMAT` when its fingerprint differs.

@@ -8,7 +8,7 @@ by `ple pack` and offloaded; the expectation is always the in-RAM model itself:
 - the ids path (`submit_ids` of the rows `ngram_ids` gives) stages and dequantises what the
   token path does, bit for bit;
 - a table of another geometry is refused by `offload` (ValueError naming the field), the model
-  left as it was.
+  left as it was, and at open with another model's config.json (`PleFormatError`).
 
 Needs torch and transformers (scripts/test.sh runs it in scripts/torch-venv.sh's venv with
 PLE_EXPECT_TORCH=1: there a missing package fails; elsewhere the file is skipped)."""
@@ -127,3 +127,17 @@ def test_a_table_of_another_geometry_is_refused(packed):
             with pytest.raises(ValueError, match=r"(ngram_size|num_heads|head_dim) differs: table"):
                 pt.offload(m, packed[ts])
             assert isinstance(m.model.layers[1].ple.ple_embedding, pt.NGramEmbedding)
+
+
+def test_a_table_opened_with_another_geometrys_config_is_refused(packed):
+    """`config_json_path` (``ple_options.config_json_path``): the table opens with its own
+    model's config.json and is refused with another's (`PleFormatError` naming the field)."""
+    for ts in SHAPES:
+        own = os.path.join(os.path.dirname(packed[ts]), "ckpt", "config.json")
+        with ple.Table(packed[ts], config_json_path=own) as t:
+            assert t.info.ngram_size == ts[0]
+        for ms in SHAPES:
+            if ms != ts:
+                other = os.path.join(os.path.dirname(packed[ms]), "ckpt", "config.json")
+                with pytest.raises(ple.PleFormatError, match=r"(ngram_size|heads_per_ngram|head_dim) is .* in the table but"):
+                    ple.Table(packed[ts], config_json_path=other)

@@ -346,7 +346,9 @@ impl TableMeta {
 /// Options for [`Table::open`].
 #[derive(Clone, Debug, Default)]
 pub struct TableOpenOptions {
-    /// For tables made by the Python tool: the checkpoint's config.json (else looked for beside the table).
+    /// The model's config.json: a libple table must have its geometry and hash (`open.rs`,
+    /// `check_config`); a Python-tool table takes its hash from it (else from a config.json
+    /// beside the table).
     pub config_json_path: Option<PathBuf>,
     /// If set, the table must have been packed from this checkpoint (fingerprints compared).
     pub checkpoint_dir: Option<PathBuf>,

@@ -165,3 +165,57 @@ fn a_shard_count_above_the_tables_heads_is_refused() {
     assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
     assert!(e.to_string().contains("2 heads"), "{e}");
 }
+
+#[test]
+fn a_table_is_checked_against_the_config_it_is_opened_with() {
+    let d = tempfile::tempdir().unwrap();
+    let table = d.path().join("table");
+    let cfg = config(4, 4, 128);
+    synth::write_table(&table, RowFormat::Fp8, &cfg, SEED).unwrap();
+    let open_with = |c: &ModelConfig| {
+        let path = d.path().join("config.json");
+        std::fs::write(&path, serde_json::to_vec(c).unwrap()).unwrap();
+        Pipeline::open(
+            &table,
+            OpenOptions {
+                config_json_path: Some(path),
+                ..OpenOptions::default()
+            },
+        )
+    };
+    // the model's own config: opens
+    open_with(&cfg).unwrap();
+    // another geometry, layer or hash: refused, naming the field and both values
+    for (other, field) in [
+        (config(2, 16, 64), "ngram_size is 4 in the table but 2"),
+        (config(4, 3, 128), "heads_per_ngram is 4 in the table but 3"),
+        (config(4, 4, 64), "head_dim is 128 in the table but 64"),
+        (
+            ModelConfig {
+                ple_layer_index: 1,
+                ..cfg.clone()
+            },
+            "ple_layer_index is 0 in the table but 1",
+        ),
+        (
+            ModelConfig {
+                seed: 7,
+                ..cfg.clone()
+            },
+            "hash.multipliers",
+        ),
+        (
+            ModelConfig {
+                ngram_vocab_size_base: 900,
+                ..cfg.clone()
+            },
+            "hash.head_sizes",
+        ),
+    ] {
+        let e = open_with(&other)
+            .err()
+            .expect("a table of another model opened");
+        assert_eq!(e.kind(), crate::ErrorKind::Format, "{e}");
+        assert!(e.to_string().contains(field), "{field}: {e}");
+    }
+}
