@@ -455,24 +455,15 @@ fn global_scale(
 }
 
 impl Checkpoint {
-    /// Locates and checks the PLE table of the checkpoint in `dir` (its only PLE layer)
-    /// (`docs/FORMAT.md#safetensors-checkpoints`), or of the GGUF file `dir`
-    /// (`docs/FORMAT.md#gguf-sources`).
+    /// Locates and checks the PLE table of the checkpoint directory `dir` (its only PLE layer)
+    /// (`docs/FORMAT.md#safetensors-checkpoints`). A GGUF file or a directory: `source::open`.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
         Checkpoint::open_layer(dir, None)
     }
 
-    /// The PLE layers of the checkpoint in `dir` (one for a GGUF)
+    /// The PLE layers of the checkpoint directory `dir`
     /// (`docs/FORMAT.md#several-ple-layers`).
     pub fn layers(dir: &Path) -> Result<Vec<PleLayer>> {
-        if dir.is_file() && crate::format::gguf::is_gguf(dir) {
-            // checked when it is opened
-            return Ok(vec![PleLayer {
-                index: 0,
-                prefix: crate::format::gguf_source::PLE_TENSOR.to_string(),
-                decoder_layer: None,
-            }]);
-        }
         check_dir(dir)?;
         let (tensors, _) = load_tensors(dir)?;
         let config_path = dir.join(CONFIG_FILE);
@@ -487,16 +478,6 @@ impl Checkpoint {
     /// As [`Checkpoint::open`], for the PLE layer whose `ple_layer_index` is `layer` (`None`: the
     /// only one). Its hash is derived with that index.
     pub fn open_layer(dir: &Path, layer: Option<u64>) -> Result<Checkpoint> {
-        if dir.is_file() && crate::format::gguf::is_gguf(dir) {
-            if layer.is_some_and(|k| k != 0) {
-                return Err(Error::Format(format!(
-                    "{}: a GGUF carries one PLE layer (index 0), not layer {}",
-                    dir.display(),
-                    layer.unwrap_or_default()
-                )));
-            }
-            return crate::format::gguf_source::open(dir);
-        }
         check_dir(dir)?;
         let (tensors, index) = load_tensors(dir)?;
         let fingerprint = fingerprint(dir)?;

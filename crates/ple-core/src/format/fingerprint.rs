@@ -55,7 +55,7 @@ pub(crate) fn hash_samples(
     Ok(())
 }
 
-/// Fingerprint of a checkpoint (of a GGUF file: `gguf_source.rs`'s): hex SHA-256 over the index file (if any) and, in name order, each
+/// Fingerprint of a checkpoint directory (a GGUF's: `gguf_source.rs`; either: `source.rs`): hex SHA-256 over the index file (if any) and, in name order, each
 /// safetensors file's name, size, header and a sparse sample of its data (16 blocks of 4 KiB
 /// evenly spaced over the data section, plus the first, middle and last 4 KiB of every PLE shard
 /// tensor `*.ngram_embedding.shard_*`). Cheap (headers and a few hundred small reads), and it
@@ -64,9 +64,6 @@ pub(crate) fn hash_samples(
 /// byte-identical still fingerprint apart).
 pub fn fingerprint(dir: &Path) -> Result<String> {
     non_empty(dir, "checkpoint directory")?;
-    if dir.is_file() && crate::format::gguf::is_gguf(dir) {
-        return crate::format::gguf_source::open(dir).map(|ck| ck.fingerprint);
-    }
     let mut h = Sha256::new();
     let index = dir.join(INDEX_FILE);
     if index.exists() {

@@ -123,7 +123,7 @@ impl Table {
         };
         let t = Table::open_with_meta(dir, meta)?;
         if let Some(ck) = &opts.checkpoint_dir {
-            t.check_source(ck)?;
+            t.check_source(ck, &crate::format::source::fingerprint(ck)?)?;
         }
         Ok(t)
     }

@@ -4,9 +4,12 @@
 //! `layers.json` is incomplete, and the index is removed before any layer is rewritten.
 
 use crate::error::{Error, Result};
-use crate::format::checkpoint::{Checkpoint, PleLayer};
+use crate::format::checkpoint::PleLayer;
 use crate::format::files::{MAX_TABLE_META, read_text_capped};
-use crate::format::pack::{PackOptions, PackReport, fsync_dir, lock_dir, pack_one, shard_meta};
+use crate::format::pack_table::{
+    PackOptions, PackReport, fsync_dir, lock_dir, pack_one, shard_meta,
+};
+use crate::format::source;
 use crate::format::table::{META_FILE, ROWS_FILE, SourceInfo};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -108,7 +111,7 @@ pub(crate) fn pack_layers(
     // every layer is opened and checked before anything is written
     let cks = layers
         .iter()
-        .map(|l| Checkpoint::open_layer(checkpoint, Some(l.index)))
+        .map(|l| source::open_layer(checkpoint, Some(l.index)))
         .collect::<Result<Vec<_>>>()?;
     let mut total = 0u64;
     for ck in &cks {

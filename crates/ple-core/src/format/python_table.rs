@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::{CONFIG_FILE, Checkpoint, read_config};
 use crate::format::files::{MAX_TABLE_META, read_text_capped};
 use crate::format::safetensors::{INDEX_FILE, SINGLE_FILE};
+use crate::format::source;
 use crate::format::table::{FORMAT_VERSION, SourceInfo, TableMeta, TableOpenOptions};
 use crate::model::{HashParams, ModelConfig, RowFormat};
 use std::path::{Path, PathBuf};
@@ -236,7 +237,7 @@ impl Sources {
             None
         };
         let checkpoint = match &ck_dir {
-            Some(d) => Some(Checkpoint::open(d)?),
+            Some(d) => Some(source::open(d)?),
             None => None,
         };
         Ok(Sources {
