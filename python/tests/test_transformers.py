@@ -360,6 +360,17 @@ def test_a_model_with_two_ple_layers_is_served_a_table_per_layer(tmp_path):
         np.testing.assert_array_equal(rows, w.view(torch.int32).numpy().view(np.uint32))
     with pytest.raises(ple.PleFormatError, match="holds the tables of 2 PLE layers"):
         ple.Table(tab)
+    # without config.json: the layers in decoder-layer order, each recording its own index
+    bare = tmp_path / "bare"
+    shutil.copytree(ck, bare, ignore=shutil.ignore_patterns("config.json", "generation_config.json"))
+    ple.pack(str(bare), str(tmp_path / "bare-table"))
+    for k in (0, 1):
+        layer = tmp_path / "bare-table" / f"layer-{k}"
+        with ple.Table(str(layer)) as t:
+            assert t.info.ple_layer_index == k
+            pt.validate(t, mods[k])
+        with open(layer / "table.rows", "rb") as f1, open(os.path.join(tab, f"layer-{k}", "table.rows"), "rb") as f2:
+            assert f1.read() == f2.read()
 
     reference = greedy(model)
     off = pt.offload(two_layer_model(), tab, max_tokens_per_step=7)

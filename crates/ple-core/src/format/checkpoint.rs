@@ -52,6 +52,9 @@ pub struct Checkpoint {
     pub global_scale: f32,
     pub hash: HashParams,
     pub hash_source: HashSource,
+    /// The layer's `ple_layer_index` (its place among the PLE layers; with a config.json, its
+    /// place in `ple_layer_ids`; without one, in decoder-layer order).
+    pub ple_layer_index: u64,
     /// config.json's constants, when the checkpoint has one.
     pub config: Option<ModelConfig>,
     pub shards: Vec<ShardSource>,
@@ -522,6 +525,7 @@ impl Checkpoint {
             global_scale,
             hash,
             hash_source,
+            ple_layer_index: chosen.index,
             config,
             shards,
         })
@@ -563,7 +567,7 @@ impl Checkpoint {
             num_heads: to_u32(self.hash.num_heads(), "num_heads")?,
             ngram_size: self.hash.ngram_size,
             heads_per_ngram: self.hash.heads_per_ngram,
-            ple_layer_index: self.config.as_ref().map_or(0, |c| c.ple_layer_index),
+            ple_layer_index: self.ple_layer_index,
             global_scale: self.global_scale,
             hash: self.hash.clone(),
             source: SourceInfo {

@@ -213,6 +213,7 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         global_scale: 1.0,
         hash,
         hash_source: HashSource::Gguf,
+        ple_layer_index: 0, // a GGUF with several PLE layers is refused above
         config: None,
         shards: vec![ShardSource {
             weight: TensorRef {
