@@ -337,7 +337,8 @@ def test_a_model_with_two_ple_layers_is_served_a_table_per_layer(tmp_path):
     """`ple pack` of a save_pretrained checkpoint with two PLE layers writes layer-0/ and layer-1/
     (each the layer's weight bit for bit) and layers.json; offload and from_pretrained serve both
     layers and generate the in-RAM model's logits exactly; a layer's table is refused for the other
-    layer, naming the field; `--layer K` packs one layer into the directory itself."""
+    layer, naming the field; `--layer K` packs one layer into the directory itself; a killed
+    pack's temporary index is removed."""
     model = two_layer_model()
     mods = [model.model.layers[i].ple.ple_embedding for i in (0, 2)]
     assert [m.ple_layer_index for m in mods] == [0, 1]
@@ -345,7 +346,12 @@ def test_a_model_with_two_ple_layers_is_served_a_table_per_layer(tmp_path):
     assert not torch.equal(mods[0].layer_multipliers, mods[1].layer_multipliers)
     ck, tab = str(tmp_path / "ckpt"), str(tmp_path / "table")
     model.save_pretrained(ck)
+    os.makedirs(tab)
+    stale = os.path.join(tab, ".layers.json.tmp-4000000")  # left by a killed pack
+    with open(stale, "w") as f:
+        f.write("{")
     ple.pack(ck, tab)
+    assert not os.path.exists(stale)
     with open(os.path.join(tab, "layers.json")) as f:
         index = json.load(f)
     assert [(e["ple_layer_index"], e["dir"], e["decoder_layer"]) for e in index["layers"]] == [

@@ -7,16 +7,16 @@
 
 mod hash;
 mod layers;
+mod scan;
 
 use hash::resolve_hash;
 pub use hash::{HASH_TENSOR_KEYS, HashSource};
 pub use layers::PleLayer;
+pub use scan::{CheckpointDir, parse_config, read_config};
 
 use crate::error::{Error, Result};
-use crate::format::files::{MAX_CONFIG, non_empty, read_text_capped};
-use crate::format::fingerprint::fingerprint;
+use crate::format::safetensors::TensorRef;
 pub use crate::format::safetensors::{INDEX_FILE, SINGLE_FILE};
-use crate::format::safetensors::{TensorRef, read_header, read_index, safetensors_files};
 use crate::format::table::{FORMAT_VERSION, ROWS_FILE, SourceInfo, TableMeta};
 use crate::model::{HEAD_DIM, HashParams, ModelConfig, RowFormat};
 use std::collections::{BTreeMap, HashMap};
@@ -60,20 +60,6 @@ pub struct Checkpoint {
     pub shards: Vec<ShardSource>,
 }
 
-/// Reads `dir/config.json` if present.
-pub fn read_config(path: &Path) -> Result<ModelConfig> {
-    let text = read_text_capped(path, MAX_CONFIG)?;
-    parse_config(&text, path)
-}
-
-/// Parses the text of a config.json (`path` names it in errors).
-pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig> {
-    let v: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| Error::Format(format!("{}: invalid JSON: {e}", path.display())))?;
-    ModelConfig::from_config_json(&v)
-        .map_err(|e| Error::Format(format!("{}: {}", path.display(), strip_format(&e))))
-}
-
 fn strip_format(e: &Error) -> String {
     match e {
         Error::Format(m) => m.clone(),
@@ -103,97 +89,8 @@ impl Tensors {
     }
 }
 
-fn load_tensors(dir: &Path) -> Result<(Tensors, Option<BTreeMap<String, String>>)> {
-    let files = safetensors_files(dir)?;
-    let index = if dir.join(INDEX_FILE).exists() {
-        Some(read_index(dir)?)
-    } else {
-        None
-    };
-    let mut by_name: HashMap<String, TensorRef> = HashMap::new();
-    let mut duplicates = Vec::new();
-    for f in &files {
-        if !f.exists() {
-            return Err(Error::Format(format!(
-                "{}: the index names shard file {} but it does not exist",
-                dir.join(INDEX_FILE).display(),
-                f.file_name().unwrap_or_default().to_string_lossy()
-            )));
-        }
-        let h = read_header(f)?;
-        for t in h.tensors {
-            let name = t.name.clone();
-            let r = TensorRef {
-                path: f.clone(),
-                info: t,
-            };
-            if let Some(prev) = by_name.get(&name) {
-                duplicates.push((name, prev.path.clone(), f.clone()));
-            } else {
-                by_name.insert(name, r);
-            }
-        }
-    }
-    Ok((
-        Tensors {
-            by_name,
-            duplicates,
-        },
-        index,
-    ))
-}
-
 /// Shard tensors by (shard index, suffix after `shard_{i}.`).
 type ShardTensors<'a> = BTreeMap<(u64, String), &'a TensorRef>;
-
-/// Refuses a `dir` that is empty, a file or missing.
-fn check_dir(dir: &Path) -> Result<()> {
-    non_empty(dir, "checkpoint directory")?;
-    if dir.exists() && !dir.is_dir() {
-        return Err(Error::Format(format!(
-            "{} is a file but not a GGUF; give the checkpoint's directory (holding {INDEX_FILE} or {SINGLE_FILE}) or a GGUF file",
-            dir.display()
-        )));
-    }
-    if !dir.is_dir() {
-        return Err(Error::io_path(
-            "opening checkpoint",
-            dir,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "no such directory"),
-        ));
-    }
-    Ok(())
-}
-
-/// The PLE layers of the checkpoint (at least one), from its tensors and config.json.
-fn find_layers(
-    tensors: &Tensors,
-    dir: &Path,
-    config: Option<&ModelConfig>,
-    d: &str,
-) -> Result<Vec<PleLayer>> {
-    let ids = layers::ple_layer_ids(&dir.join(CONFIG_FILE))?;
-    let single = config.map_or(0, |c| c.ple_layer_index);
-    let found = layers::find_layers(tensors, ids.as_deref(), single, d)?;
-    if !found.is_empty() {
-        return Ok(found);
-    }
-    let mut any: Vec<&String> = tensors
-        .by_name
-        .keys()
-        .filter(|n| n.contains(".ngram_embedding.shard_"))
-        .collect();
-    any.sort();
-    Err(match any.first() {
-        Some(n) => Error::Format(format!(
-            "{d}: missing shard 0: the checkpoint has PLE shard tensors (e.g. '{n}') but no '*{SHARD0_SUFFIX}'"
-        )),
-        None => Error::Format(format!(
-            "{d}: no PLE n-gram table: no tensor named '*{SHARD0_SUFFIX}' among the {} tensors",
-            tensors.by_name.len()
-        )),
-    })
-}
 
 /// Refuses PLE or hash tensors held by two files, and an index that disagrees with the headers
 /// about any PLE tensor.
@@ -467,68 +364,14 @@ impl Checkpoint {
     /// The PLE layers of the checkpoint directory `dir`
     /// (`docs/FORMAT.md#several-ple-layers`).
     pub fn layers(dir: &Path) -> Result<Vec<PleLayer>> {
-        check_dir(dir)?;
-        let (tensors, _) = load_tensors(dir)?;
-        let config_path = dir.join(CONFIG_FILE);
-        let config = if config_path.exists() {
-            Some(read_config(&config_path)?)
-        } else {
-            None
-        };
-        find_layers(&tensors, dir, config.as_ref(), &dir.display().to_string())
+        CheckpointDir::scan(dir)?.layers()
     }
 
     /// As [`Checkpoint::open`], for the PLE layer whose `ple_layer_index` is `layer` (`None`: the
-    /// only one). Its hash is derived with that index.
+    /// only one). Its hash is derived with that index. Several layers of one directory:
+    /// [`CheckpointDir`] (reads its headers once).
     pub fn open_layer(dir: &Path, layer: Option<u64>) -> Result<Checkpoint> {
-        check_dir(dir)?;
-        let (tensors, index) = load_tensors(dir)?;
-        let fingerprint = fingerprint(dir)?;
-        let d = dir.display().to_string();
-        let d = d.as_str();
-        let config_path = dir.join(CONFIG_FILE);
-        let mut config = if config_path.exists() {
-            Some(read_config(&config_path)?)
-        } else {
-            None
-        };
-        let all = find_layers(&tensors, dir, config.as_ref(), d)?;
-        let chosen = layers::choose(&all, layer, d)?;
-        if let Some(c) = config.as_mut() {
-            c.ple_layer_index = chosen.index;
-            c.validate().map_err(|e| {
-                Error::Format(format!("{}: {}", config_path.display(), strip_format(&e)))
-            })?;
-        }
-        let prefix = chosen.prefix;
-        let module = prefix
-            .strip_suffix(".ngram_embedding")
-            .unwrap_or(&prefix)
-            .to_string();
-        check_index(&tensors, index.as_ref(), &prefix, &module, d)?;
-        let (shard_tensors, num_shards) = collect_shards(&tensors, &prefix, config.as_ref(), d)?;
-        let format = row_format_of(shard_tensors[&(0, "weight".to_string())], d)?;
-        let (hash, hash_source) = resolve_hash(&tensors, &module, config.as_ref(), d)?;
-        let shape = table_shape(&hash, config.as_ref(), num_shards, d)?;
-        let shards = shard_sources(&shard_tensors, format, &shape, num_shards, &prefix, d)?;
-        let global_scale = global_scale(&tensors, &shard_tensors, format, &prefix, d)?;
-        Ok(Checkpoint {
-            dir: dir.to_path_buf(),
-            name: dir_name(dir),
-            fingerprint,
-            format,
-            prefix,
-            // collect_shards bounds num_shards by u32::MAX.
-            num_shards: num_shards as u32,
-            rows_per_shard: shape.rows_per_shard,
-            head_dim: shape.head_dim,
-            global_scale,
-            hash,
-            hash_source,
-            ple_layer_index: chosen.index,
-            config,
-            shards,
-        })
+        CheckpointDir::scan(dir)?.open_layer(layer)
     }
 
     /// Bytes of one packed row.

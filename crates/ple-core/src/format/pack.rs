@@ -7,7 +7,7 @@ use crate::format::files::non_empty;
 use crate::format::pack_layers::{pack_layers, replace_set};
 pub use crate::format::pack_table::{MAX_BUFFER_BYTES, MIN_BUFFER_BYTES, PackOptions, PackReport};
 use crate::format::pack_table::{pack_one, shard_meta};
-use crate::format::source;
+use crate::format::source::Source;
 use std::path::Path;
 
 /// Packs `checkpoint` (a checkpoint directory or a GGUF file) into `out`: its only PLE layer, the
@@ -24,11 +24,12 @@ pub fn pack(
     if opts.buffer_bytes < MIN_BUFFER_BYTES {
         return crate::invalid!("buffer_bytes {} < {MIN_BUFFER_BYTES}", opts.buffer_bytes);
     }
-    let layers = source::layers(checkpoint)?;
+    let src = Source::scan(checkpoint)?;
+    let layers = src.layers()?;
     if opts.layer.is_none() && layers.len() > 1 {
-        return pack_layers(checkpoint, &layers, out, opts, progress);
+        return pack_layers(checkpoint, &src, &layers, out, opts, progress);
     }
-    let ck = source::open_layer(checkpoint, opts.layer)?;
+    let ck = src.open_layer(opts.layer)?;
     shard_meta(ck.table_meta()?, opts.shard)?; // servable, before a set in `out` is replaced
     replace_set(out, opts.force)?;
     pack_one(&ck, out, opts, progress)

@@ -7,9 +7,9 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::PleLayer;
 use crate::format::files::{MAX_TABLE_META, read_text_capped};
 use crate::format::pack_table::{
-    PackOptions, PackReport, fsync_dir, lock_dir, pack_one, shard_meta,
+    PackOptions, PackReport, fsync_dir, lock_dir, pack_one, remove_stale_temps, shard_meta,
 };
-use crate::format::source;
+use crate::format::source::Source;
 use crate::format::table::{META_FILE, ROWS_FILE, SourceInfo};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -21,6 +21,8 @@ use std::time::Instant;
 pub const LAYERS_FILE: &str = "layers.json";
 /// Its version.
 pub const LAYERS_VERSION: u32 = 1;
+/// Prefix of its temporary file's name while it is written (`.layers.json.tmp-<pid>`).
+pub const LAYERS_TMP_PREFIX: &str = ".layers.json.tmp-";
 
 /// `out/layers.json`: which table serves which PLE layer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,9 +101,10 @@ pub(crate) fn replace_set(out: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// Packs each of `layers` of `checkpoint` into `out/layer-K/`, then writes `out/layers.json`.
+/// Packs each of `layers` of `checkpoint` (read as `src`) into `out/layer-K/`, then writes `out/layers.json`.
 pub(crate) fn pack_layers(
     checkpoint: &Path,
+    src: &Source,
     layers: &[PleLayer],
     out: &Path,
     opts: &PackOptions,
@@ -111,7 +114,7 @@ pub(crate) fn pack_layers(
     // every layer is opened and checked before anything is written
     let cks = layers
         .iter()
-        .map(|l| source::open_layer(checkpoint, Some(l.index)))
+        .map(|l| src.open_layer(Some(l.index)))
         .collect::<Result<Vec<_>>>()?;
     let mut total = 0u64;
     for ck in &cks {
@@ -119,6 +122,7 @@ pub(crate) fn pack_layers(
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io_path("creating", out, e))?;
     let dir = lock_dir(out)?;
+    remove_stale_temps(out, &[LAYERS_TMP_PREFIX])?;
     let single = out.join(META_FILE);
     if single.exists() {
         if !opts.force {
@@ -175,7 +179,7 @@ pub(crate) fn pack_layers(
         },
         layers: entries,
     };
-    let tmp = out.join(format!(".{LAYERS_FILE}.tmp-{}", std::process::id()));
+    let tmp = out.join(format!("{LAYERS_TMP_PREFIX}{}", std::process::id()));
     let json = serde_json::to_string_pretty(&index).expect("the index serialises");
     let written = std::fs::OpenOptions::new()
         .write(true)

@@ -146,14 +146,14 @@ pub(crate) fn lock_dir(out: &Path) -> Result<File> {
 /// How long [`lock_dir`] waits for a held lock.
 const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Removes temporary files of earlier packs that were killed (we hold the directory lock, so
-/// no live packer owns them).
-fn remove_stale_temps(out: &Path) -> Result<()> {
+/// Removes the temporary files (names starting with one of `prefixes`) of earlier packs that
+/// were killed: the caller holds the directory lock, so no live packer owns them.
+pub(crate) fn remove_stale_temps(out: &Path, prefixes: &[&str]) -> Result<()> {
     let rd = std::fs::read_dir(out).map_err(|e| Error::io_path("listing", out, e))?;
     for e in rd.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with(ROWS_TMP_PREFIX) || name.starts_with(META_TMP_PREFIX) {
+        if prefixes.iter().any(|p| name.starts_with(p)) {
             log::info!("removing stale temporary file {}", e.path().display());
             std::fs::remove_file(e.path())
                 .map_err(|err| Error::io_path("removing stale", &e.path(), err))?;
@@ -249,7 +249,7 @@ pub(crate) fn pack_one(
     let meta = shard_meta(ck.table_meta()?, opts.shard)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io_path("creating", out, e))?;
     let dir = lock_dir(out)?;
-    remove_stale_temps(out)?;
+    remove_stale_temps(out, &[ROWS_TMP_PREFIX, META_TMP_PREFIX])?;
     let mut report = PackReport {
         total_rows: meta.total_rows,
         table_bytes: meta.file_bytes(),

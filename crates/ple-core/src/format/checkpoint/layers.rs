@@ -5,7 +5,6 @@
 
 use super::{SHARD0_SUFFIX, Tensors};
 use crate::error::{Error, Result};
-use crate::format::files::{MAX_CONFIG, read_text_capped};
 use std::path::Path;
 
 /// One PLE layer of a checkpoint.
@@ -21,14 +20,8 @@ pub struct PleLayer {
 
 /// config.json's `ple_layer_ids` (1-based decoder layers, under `text_config` or at the top
 /// level), if present.
-pub(super) fn ple_layer_ids(config_path: &Path) -> Result<Option<Vec<u64>>> {
-    if !config_path.exists() {
-        return Ok(None);
-    }
-    let text = read_text_capped(config_path, MAX_CONFIG)?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Format(format!("{}: invalid JSON: {e}", config_path.display())))?;
-    let tc = v.get("text_config").filter(|t| t.is_object()).unwrap_or(&v);
+pub(super) fn ple_layer_ids(v: &serde_json::Value, config_path: &Path) -> Result<Option<Vec<u64>>> {
+    let tc = v.get("text_config").filter(|t| t.is_object()).unwrap_or(v);
     let bad = || {
         Error::Format(format!(
             "{}: ple_layer_ids is not a list of non-negative integers",
