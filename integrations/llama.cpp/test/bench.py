@@ -6,19 +6,31 @@ table, MMAP or DIRECT + row cache, read-ahead across a batch's ubatches), throug
   bench.py BIN_DIR DATA_DIR THREADS TOKENS.i32
 
 Each run is one process in its own memory cgroup (v1 memory controller or v2, as mounted), started
-after every file of every configuration was dropped from the page cache (posix_fadvise DONTNEED):
+after every file of every configuration was dropped from the page cache (posix_fadvise DONTNEED);
+with PLE_BENCH_COLD=table (the default; "all" skips it), cold and resident runs then get every model file read
+back into the page cache but for the PLE table's bytes (the GGUF's per_layer_token_embd; the fork's
+table.rows stays out), so that only the table is cold: weights a 1-token warm-up does not touch
+(a MoE model's other experts) would otherwise fault in during the timed part of both sides. Those
+pages are read by this script, so a cgroup's peak memory then leaves them out.
 - cold: the test straight away (its table reads all come from storage);
-- resident: the test twice on the same tokens, the second timed (its rows then in memory);
+- resident: the test twice on the same tokens, the second timed (its rows then in memory); the
+  first pass starts as a cold run does, and is paired with the second (below);
 - steady: the cgroup's memory (RSS + page cache, so stock's pages and the fork's row cache alike)
   limited to PLE_BENCH_MEM_MB (default 1024); PLE_BENCH_WARM corpus tokens (default 8192) prefilled
-  first, then the test on the text that follows.
-Tests (PLE_BENCH_TESTS): prompt:P (one P-token prompt, n_ubatch 512), decode:S (32 steps of S sequences).
+  first, then the test on the text that follows (timed), then the same tokens once more (paired).
+Tests (PLE_BENCH_TESTS): prompt:P (one P-token prompt, n_ubatch 512), decode:S[:N] (N steps, default 32, of S
+sequences).
 PLE_BENCH_ROUNDS rounds (default 3): every configuration of every test and mode once per round.
+PLE_BENCH_CONFIGS (default all): comma-separated name prefixes of the configurations to run, e.g.
+"stock BF16,fork DIRECT".
 
 Per cell, the median round and the min-max: ms per ubatch (a decode step is one ubatch) and
 tokens/s; the PLE time per ubatch: for the fork, its own count (LLAMA_PLE_STATS=1: wall time in
 libple's rows per ubatch, patch 0008), and for every configuration the exposed PLE time = median
-ms per ubatch minus the median of the same configuration and test in the resident mode; storage
+ms per ubatch minus the median of the same configuration and test in the resident mode (two
+processes' medians), and paired: each run's first pass minus its repeat of the same tokens, per
+ubatch (the median over rounds; for the fork, its own PLE time's difference beside): one process,
+one memory state, so what differs is where the rows come from; storage
 bytes read per token in the timed part (/proc/self/io read_bytes of the driver); peak memory of the
 cgroup (RSS + page cache charged to it). Prints markdown tables; load averages to stderr."""
 
@@ -49,19 +61,60 @@ configs = [  # name, driver arguments, environment
     (f"fork DIRECT + {CACHE_MB} MiB cache", ["--ple-table", table], nople,
      {**fork_env, "LLAMA_PLE_IO": "direct", "LLAMA_PLE_CACHE_MB": str(CACHE_MB)}),
 ]
-configs = [c for c in configs if os.path.exists(c[2])]
+CONFIGS = [p for p in os.environ.get("PLE_BENCH_CONFIGS", "").split(",") if p]
+configs = [c for c in configs if os.path.exists(c[2]) and (not CONFIGS or any(c[0].startswith(p) for p in CONFIGS))]
+if not configs:
+    raise SystemExit(f"bench.py: no configuration matches PLE_BENCH_CONFIGS={','.join(CONFIGS)}")
 files = sorted({c[2] for c in configs} | {os.path.join(table, "table.rows")})
+COLD = os.environ.get("PLE_BENCH_COLD", "table")
+if COLD not in ("all", "table"):
+    raise SystemExit(f"bench.py: PLE_BENCH_COLD={COLD}: expected all or table")
 
 V1 = "/sys/fs/cgroup/memory"
 V2 = "/sys/fs/cgroup/unified" if os.path.exists("/sys/fs/cgroup/unified/cgroup.controllers") else "/sys/fs/cgroup"
 v1 = os.path.isdir(V1)
 
 
-def evict():
+def table_range(path):
+    """(offset, bytes) of the PLE table's data in a GGUF, or None (the fork's GGUF has none)."""
+    sys.path.insert(0, os.path.join(bin_dir, "..", "..", "src", "gguf-py"))  # OUT/build/bin -> OUT/src
+    import gguf
+
+    for t in gguf.GGUFReader(path).tensors:
+        if t.name == "per_layer_token_embd.weight":
+            return int(t.data_offset), int(t.n_bytes)
+    return None
+
+
+def read_into_cache(path, start, end):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while start < end:
+            n = len(os.pread(fd, min(8 << 20, end - start), start))
+            if n == 0:
+                break
+            start += n
+    finally:
+        os.close(fd)
+
+
+models = sorted({c[2] for c in configs})
+skip = {m: table_range(m) for m in models} if COLD == "table" else {}
+
+
+def evict(mode):
     for f in files:
         fd = os.open(f, os.O_RDONLY)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
+    if COLD == "table" and mode != "steady":
+        for m in models:
+            size, r = os.path.getsize(m), skip[m]
+            if r is None:
+                read_into_cache(m, 0, size)
+            else:
+                read_into_cache(m, 0, r[0])
+                read_into_cache(m, r[0] + r[1], size)
 
 
 class Cgroup:
@@ -99,11 +152,11 @@ class Cgroup:
 def run(cfg, test, mode):
     name, args, model, env = cfg
     cmd = [drv, model, tokens, test, "--threads", threads, *args]
-    if mode == "resident":
-        cmd.append("--again")
+    if mode in ("resident", "steady"):
+        cmd.append("--again")  # a repeat of the test's tokens, paired with its first pass
     if mode == "steady":
         cmd += ["--warm", str(WARM)]
-    evict()
+    evict(mode)
     cg = Cgroup(MEM_MB if mode == "steady" else None)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, preexec_fn=cg.enter,
@@ -115,19 +168,32 @@ def run(cfg, test, mode):
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
     r = json.loads(p.stdout.strip().splitlines()[-1])
     r["peak_mb"] = peak
-    # the fork's counters: the last line before the timed part, and the last line
-    before, after = {}, {}
+    # the fork's counters (cumulative, one line per ubatch) at each pass's start and stop marker
+    last, marks = {}, []
     for line in p.stderr.splitlines():
-        if "ple-bench-driver: measure" in line:
-            before = after
+        if line.startswith("ple-bench-driver: ") and line.split()[-1] in ("first", "measure", "stop"):
+            marks.append(last)
         elif "llama_ple_stats:" in line:
-            after = {k: int(v) for k, v in (kv.split("=") for kv in line.split("llama_ple_stats:")[1].split())}
-    if after:
-        d = {k: after[k] - before.get(k, 0) for k in after}
-        r["ple_ms"] = d["rows_ns"] / 1e6 / max(d["ubatches"], 1)
-        r["ple_read"] = d["read_bytes"]
+            last = {k: int(v) for k, v in (kv.split("=") for kv in line.split("llama_ple_stats:")[1].split())}
+
+    def own(a, b):  # PLE ms per ubatch, bytes read and hit rate between two snapshots
+        d = {k: b[k] - a.get(k, 0) for k in b}
         hm = d["cache_hits"] + d["cache_misses"]
-        r["hit"] = d["cache_hits"] / hm if hm else None
+        return d["rows_ns"] / 1e6 / max(d["ubatches"], 1), d["read_bytes"], (d["cache_hits"] / hm if hm else None)
+
+    ub = r["ubatches"]
+    passes = [own(marks[i], marks[i + 1]) for i in range(0, len(marks) - 1, 2)] if last else []
+    if passes:
+        r["ple_ms"], r["ple_read"], r["hit"] = passes[-1]
+    if r.get("ms_first", -1) >= 0:
+        # paired in one process: the first pass minus the repeat of the same tokens
+        r["paired"] = (r["ms_first"] - r["ms"]) / ub
+        if len(passes) == 2:
+            r["paired_own"] = passes[0][0] - passes[1][0]
+        if mode == "steady":  # the steady figures are the first pass's; the repeat is its baseline
+            r["ms"], r["read_bytes"] = r["ms_first"], r["read_bytes_first"]
+            if len(passes) == 2:
+                r["ple_ms"], r["ple_read"], r["hit"] = passes[0]
     return r
 
 
@@ -136,7 +202,7 @@ def med(xs):
 
 
 res: dict = {}
-print(f"load average at start: {os.getloadavg()}", file=sys.stderr, flush=True)
+print(f"load average at start: {os.getloadavg()}; cold: {COLD}", file=sys.stderr, flush=True)
 for rnd in range(ROUNDS):
     for mode in MODES:
         for test in TESTS:
@@ -157,8 +223,9 @@ def cell(xs, fmt="{:.2f}"):
 
 summary = {}
 print("| run | test | configuration | ms per ubatch | tokens/s | PLE ms per ubatch: fork's own | "
-      "exposed PLE ms per ubatch (- resident) | storage read per token (KiB) | row-cache hits | peak memory (MiB) |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+      "exposed PLE ms per ubatch (- resident) | paired: first pass - repeat (fork's own) | "
+      "storage read per token (KiB) | row-cache hits | peak memory (MiB) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for mode in MODES:
     for test in TESTS:
         for cfg in configs:
@@ -170,9 +237,14 @@ for mode in MODES:
             exposed = med(ms) - med([per_ubatch(r) for r in base]) if base and mode != "resident" else None
             rb = med([r["read_bytes"] / r["tokens"] / 1024 for r in rs])
             hits = [r["hit"] for r in rs if r.get("hit") is not None]
-            summary[(mode, test, cfg[0])] = {"ms": med(ms), "own": med(own) if own else None, "exposed": exposed}
+            paired = [r["paired"] for r in rs if "paired" in r]
+            paired_own = [r["paired_own"] for r in rs if "paired_own" in r]
+            summary[(mode, test, cfg[0])] = {"ms": med(ms), "own": med(own) if own else None, "exposed": exposed,
+                                             "paired": med(paired) if paired else None,
+                                             "paired_own": med(paired_own) if paired_own else None}
+            pc = cell(paired) + (f" ({med(paired_own):.2f})" if paired_own else "") if paired else "-"
             print(f"| {mode} | {test} | {cfg[0]} | {cell(ms)} | {cell(ts, '{:.0f}')} | {cell(own)} | "
-                  f"{'-' if exposed is None else f'{exposed:.2f}'} | {rb:.2f} | "
+                  f"{'-' if exposed is None else f'{exposed:.2f}'} | {pc} | {rb:.2f} | "
                   f"{f'{100 * med(hits):.1f}%' if hits else '-'} | {med([r['peak_mb'] for r in rs]):.0f} |", flush=True)
 json.dump({f"{m}|{t}|{c}": v for (m, t, c), v in summary.items()},
           open(os.environ.get("PLE_BENCH_JSON", os.devnull), "w"), indent=1)

@@ -5,17 +5,19 @@
 // TOKENS.i32: little-endian int32 token ids (bench.sh writes the test kit's corpus stream there).
 // Every run first decodes the text's first token alone (not timed): the model's weights are then in.
 // TEST: prompt:P  one sequence's P-token prompt in one llama_decode (n_ubatch 512: P/512 ubatches);
-//       decode:S  S sequences, a 16-token prompt each (one batch, not timed), then 32 timed decode steps
+//       decode:S[:N]  S sequences, a 16-token prompt each (one batch, not timed), then N (default 32) timed decode steps
 //                 of S tokens (each sequence's next token of the text: teacher-forced, not sampled).
 // --warm N: first N tokens of the file prefilled (2,048-token prompts, each then dropped from the KV
 // cache), not timed: the steady state's warm-up. The test's tokens follow the warm-up's in the file.
-// --again: the test runs twice on the same tokens (the KV cache cleared between), only the second
-// timed: its rows are then in memory (the page cache, or libple's row cache): the resident baseline.
-// Prints one JSON line: the timed llama_decode calls, ubatches, tokens, wall ms, and the bytes the
-// process read from storage meanwhile (/proc/self/io read_bytes: page faults, O_DIRECT and io_uring
-// reads of all its threads). Writes
-// "ple-bench-driver: measure" to stderr right before the timed part (libple's per-ubatch counter
-// lines, LLAMA_PLE_STATS=1, are logged to stderr too: bench.py splits them there).
+// --again: the test runs twice on the same tokens (the KV cache cleared between); the second pass's
+// rows are then in memory (the page cache, or libple's row cache): the resident baseline, paired
+// with the first pass in the same process ("ms_first", "read_bytes_first").
+// Prints one JSON line: the timed llama_decode calls, ubatches, tokens, wall ms of the (last) pass,
+// and the bytes the process read from storage meanwhile (/proc/self/io read_bytes: page faults,
+// O_DIRECT and io_uring reads of all its threads). Writes "ple-bench-driver: first" and
+// "ple-bench-driver: measure" to stderr right before each pass's timed part (first: --again's first
+// pass), and "ple-bench-driver: stop" right after it (libple's per-ubatch counter lines,
+// LLAMA_PLE_STATS=1, are logged to stderr too: bench.py splits them there).
 // Exit 1 when a llama_decode fails, 2 on bad arguments or a model that does not load.
 #include "llama.h"
 
@@ -44,7 +46,7 @@ static long long read_bytes() { // the process's storage reads so far (task I/O 
 
 int main(int argc, char ** argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL.gguf TOKENS.i32 prompt:P|decode:S [--ple-table DIR] [--lazy] [--threads N] [--warm N]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf TOKENS.i32 prompt:P|decode:S[:N] [--ple-table DIR] [--lazy] [--threads N] [--warm N]\n", argv[0]);
         return 2;
     }
     const char * table = nullptr;
@@ -64,6 +66,9 @@ int main(int argc, char ** argv) {
     if (!prompt && test.rfind("decode:", 0) != 0) { fprintf(stderr, "TEST must be prompt:P or decode:S\n"); return 2; }
     const int arg = atoi(test.c_str() + 7);
     if (arg <= 0 || arg > 16384) { fprintf(stderr, "TEST %s: P or S out of range\n", test.c_str()); return 2; }
+    const char * colon = strchr(test.c_str() + 7, ':');
+    const int steps = colon && !prompt ? atoi(colon + 1) : 32; // decode steps
+    if (steps <= 0 || steps > 4096) { fprintf(stderr, "TEST %s: N out of range\n", test.c_str()); return 2; }
 
     std::vector<llama_token> text;
     if (FILE * f = fopen(argv[2], "rb")) {
@@ -72,7 +77,7 @@ int main(int argc, char ** argv) {
         fclose(f);
     }
     const int n_seq = prompt ? 1 : arg;
-    const long need = warm + (prompt ? arg : n_seq * (16 + 32 + 1));
+    const long need = warm + (prompt ? arg : n_seq * (16 + steps + 1));
     if ((long) text.size() < need) { fprintf(stderr, "%s: %zu tokens, %ld needed\n", argv[2], text.size(), need); return 2; }
 
     llama_backend_init();
@@ -85,7 +90,7 @@ int main(int argc, char ** argv) {
 
     const int n_batch = prompt ? std::max(arg, 2048) : 2048;
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx           = n_batch + 64 * n_seq;
+    cp.n_ctx           = n_batch + (32 + steps) * n_seq;
     cp.n_batch         = n_batch;
     cp.n_ubatch        = 512;
     cp.n_seq_max       = n_seq;
@@ -124,9 +129,9 @@ int main(int argc, char ** argv) {
         llama_memory_clear(mem, true);
     }
 
-    double ms = 0;
+    double ms = 0, ms_first = -1;
     int calls = 0, ubatches = 0;
-    long tokens = 0, rb = 0;
+    long tokens = 0, rb = 0, rb_first = -1;
     const long first = at; // the test's first token
     for (int pass = again ? 0 : 1; pass < 2; ++pass) {
         const bool timed = pass == 1;
@@ -137,25 +142,26 @@ int main(int argc, char ** argv) {
         if (prompt) {
             batch.n_tokens = 0;
             for (int k = 0; k < arg; ++k) { add(text[at++], 0, k == arg - 1); }
-            if (timed) { fprintf(stderr, "ple-bench-driver: measure\n"); }
+            fprintf(stderr, "ple-bench-driver: %s\n", timed ? "measure" : "first");
             const long long r0 = read_bytes();
             const auto t0 = clk::now();
             decode();
             ms = std::chrono::duration<double, std::milli>(clk::now() - t0).count();
             rb = read_bytes() - r0;
+            fprintf(stderr, "ple-bench-driver: stop\n");
             calls = 1, ubatches = (arg + 511) / 512, tokens = arg;
         } else {
             std::vector<long> next(n_seq);
-            const long span = 16 + 32;
+            const long span = 16 + steps;
             batch.n_tokens = 0;
             for (int s = 0; s < n_seq; ++s) { // each sequence's own stretch of the text
                 next[s] = at + s * span;
                 for (int k = 0; k < 16; ++k) { add(text[next[s]++], s, k == 15); }
             }
             decode();
-            if (timed) { fprintf(stderr, "ple-bench-driver: measure\n"); }
+            fprintf(stderr, "ple-bench-driver: %s\n", timed ? "measure" : "first");
             const long long r0 = read_bytes();
-            for (int step = 0; step < 32; ++step) {
+            for (int step = 0; step < steps; ++step) {
                 batch.n_tokens = 0;
                 for (int s = 0; s < n_seq; ++s) { add(text[next[s]++], s, true); }
                 const auto t0 = clk::now();
@@ -163,11 +169,14 @@ int main(int argc, char ** argv) {
                 ms += std::chrono::duration<double, std::milli>(clk::now() - t0).count();
             }
             rb = read_bytes() - r0;
-            calls = 32, ubatches = 32, tokens = 32L * n_seq;
+            fprintf(stderr, "ple-bench-driver: stop\n");
+            calls = steps, ubatches = steps, tokens = (long) steps * n_seq;
         }
+        if (!timed) { ms_first = ms, rb_first = rb; }
     }
-    printf("{\"test\": \"%s\", \"warm\": %ld, \"again\": %d, \"calls\": %d, \"ubatches\": %d, \"tokens\": %ld, \"ms\": %.3f, \"read_bytes\": %ld}\n",
-           test.c_str(), warm, (int) again, calls, ubatches, tokens, ms, rb);
+    printf("{\"test\": \"%s\", \"warm\": %ld, \"again\": %d, \"calls\": %d, \"ubatches\": %d, \"tokens\": %ld, \"ms\": %.3f, \"read_bytes\": %ld, "
+           "\"ms_first\": %.3f, \"read_bytes_first\": %ld}\n",
+           test.c_str(), warm, (int) again, calls, ubatches, tokens, ms, rb, ms_first, rb_first);
     fflush(stdout);
     llama_batch_free(batch);
     llama_free(ctx);
