@@ -82,6 +82,7 @@ pub mod engine_stream;
 mod handshake;
 mod launch;
 pub mod layout;
+mod poll;
 mod side;
 
 pub use driver::probe_driver;

@@ -1,8 +1,8 @@
 //! [`GpuSide`]: the GPU resources of one handle, from open to close.
 
 use super::driver::{Api, CtxGuard, RelaxedCapture, api, ck, cu_error_text, device_attr};
-use super::handshake::Poll;
 use super::layout::*;
+use super::poll::Poll;
 use super::{GpuConfig, WaitKind, select_wait};
 use crate::error::{Error, Result};
 use crate::model::RowSpec;
