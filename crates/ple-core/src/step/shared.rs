@@ -24,8 +24,12 @@ pub(super) const WORKER_SPIN: Duration = Duration::from_micros(50);
 /// for as long as it lasts: with 20 µs of busy-waiting in `wait`, an all-cached 8-token step
 /// queued 22.5 µs (mean) for the worker and took 31 µs (p50), against 3 µs and 9.5 µs when both
 /// spinners yield from the first rounds (`ple bench --engine`'s p99 check at 1 ms, idle steps).
-/// A yield with nothing else runnable on the CPU costs one system call.
-const BUSY_ROUNDS: u32 = 64;
+/// A yield with nothing else runnable on the CPU costs one system call. 8 rounds, not 64: on the
+/// 2-vCPU VM (`ple bench --warm-only` on a table in the page cache, 3 alternated runs each) a
+/// 1-token step's p50 went 3.9–5.8 → 2.7 µs, 64x1 70 → 42 µs, 256x4 480 → 410 µs, and with every
+/// thread on one CPU (`taskset -c 0`) 9.2 → 6.1 µs (1 token): the worker, the pool and the
+/// caller often share a CPU there (docs/PERFORMANCE.md).
+const BUSY_ROUNDS: u32 = 8;
 
 /// One round of a spin: busy for the first [`BUSY_ROUNDS`] rounds, then yielding.
 #[inline]
