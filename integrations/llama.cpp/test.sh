@@ -55,9 +55,9 @@ same() { # name: its logits equal stock's
 rc=$(drive stock "$data/model.gguf")
 [ "$rc" = 0 ] || { tail -n 20 "$work/stock.err" >&2; fail "stock llama.cpp run failed ($rc)"; }
 rows=$(grep -c ': [0-9a-f]\{16\}$' "$work/stock.txt")
-[ "$rows" = 161 ] || fail "stock run printed $rows logit rows, expected 161"
+[ "$rows" = 173 ] || fail "stock run printed $rows logit rows, expected 173"
 [ "$(awk '{print $NF}' "$work/stock.txt" | sort -u | wc -l)" -gt 150 ] || fail "stock logit rows are not distinct"
-echo "llama.cpp test: stock llama.cpp: $rows logit rows (prompts of 3 sequences, 32 decode steps, rollback, re-decode)"
+echo "llama.cpp test: stock llama.cpp: $rows logit rows (prompts of 3 sequences, 32 decode steps, rollback, re-decode, fork)"
 
 rc=$(LLAMA_PLE_CHECK_IDS=1 LLAMA_PLE_IO=mmap drive ple-mmap "$data/model.gguf" --ple-table "$data/table")
 [ "$rc" = 0 ] || { tail -n 20 "$work/ple-mmap.err" >&2; fail "--ple-table run failed ($rc)"; }
@@ -70,7 +70,14 @@ grep -q "direct (.*) I/O" "$work/ple-direct.err" || fail "LLAMA_PLE_IO=direct di
 same ple-direct
 ahead=$(grep -o "libple read-ahead: [0-9]* rows asked" "$work/ple-direct.err" | grep -o "[0-9]*" || true)
 [ "${ahead:-0}" -ge 800 ] || fail "the prompt batch's rows were not read ahead (${ahead:-no} rows asked, expected >= 800)"
-echo "llama.cpp test: --ple-table: logits bit-identical to stock (MMAP with row ids checked, DIRECT; $ahead rows read ahead)"
+# every decode step's batch fits one ubatch: submitted at llama_decode entry and taken, but the
+# fork's, whose predecessors changed under it (released, and the ubatch's own step read)
+early=$(grep -o "submitted at llama_decode entry: [0-9]* used, [0-9]* dropped" "$work/ple-direct.err" || true)
+used=$(echo "$early" | grep -o "[0-9]* used" | grep -o "[0-9]*" || true)
+dropped=$(echo "$early" | grep -o "[0-9]* dropped" | grep -o "[0-9]*" || true)
+[ "${used:-0}" -ge 41 ] && [ "${dropped:-0}" -ge 1 ] ||
+  fail "steps submitted at llama_decode entry: ${used:-no} used (expected >= 41), ${dropped:-no} dropped (expected >= 1: the fork)"
+echo "llama.cpp test: --ple-table: logits bit-identical to stock (MMAP with row ids checked, DIRECT; $ahead rows read ahead; $used steps submitted at llama_decode entry, $dropped released)"
 
 rc=$(drive stripped-stock "$data/model-nople.gguf")
 [ "$rc" = 2 ] && grep -q "per_layer_token_embd.weight' not found" "$work/stripped-stock.err" ||

@@ -22,7 +22,8 @@ Tests (PLE_BENCH_TESTS): prompt:P (one P-token prompt, n_ubatch 512), decode:S[:
 sequences).
 PLE_BENCH_ROUNDS rounds (default 3): every configuration of every test and mode once per round.
 PLE_BENCH_CONFIGS (default all): comma-separated name prefixes of the configurations to run, e.g.
-"stock BF16,fork DIRECT".
+"stock BF16,fork DIRECT". PLE_BENCH_LATE=1 adds the fork DIRECT with LLAMA_PLE_EARLY=0 (patch 0009 off:
+each ubatch submits its step when llama.cpp sets its inputs, not at llama_decode entry).
 
 Per cell, the median round and the min-max: ms per ubatch (a decode step is one ubatch) and
 tokens/s; the PLE time per ubatch: for the fork, its own count (LLAMA_PLE_STATS=1: wall time in
@@ -61,6 +62,9 @@ configs = [  # name, driver arguments, environment
     (f"fork DIRECT + {CACHE_MB} MiB cache", ["--ple-table", table], nople,
      {**fork_env, "LLAMA_PLE_IO": "direct", "LLAMA_PLE_CACHE_MB": str(CACHE_MB)}),
 ]
+if os.environ.get("PLE_BENCH_LATE") == "1":  # patch 0009 off: each ubatch submits its step in set_input
+    configs.append((f"fork DIRECT + {CACHE_MB} MiB cache, late submit", ["--ple-table", table], nople,
+                    {**fork_env, "LLAMA_PLE_IO": "direct", "LLAMA_PLE_CACHE_MB": str(CACHE_MB), "LLAMA_PLE_EARLY": "0"}))
 CONFIGS = [p for p in os.environ.get("PLE_BENCH_CONFIGS", "").split(",") if p]
 configs = [c for c in configs if os.path.exists(c[2]) and (not CONFIGS or any(c[0].startswith(p) for p in CONFIGS))]
 if not configs:

@@ -5,7 +5,11 @@
 //
 // The script: 3 sequences' prompts in one batch (n_ubatch 8 < the prompts, an EOS inside one), 32
 // greedy decode steps of the 3 sequences together, then a rollback of 3 tokens of sequence 0
-// (llama_memory_seq_rm) and a re-decode of other tokens there, and 4 more steps. F32 KV cache.
+// (llama_memory_seq_rm) and a re-decode of other tokens there, and 4 more steps; then a fork:
+// sequence 2 rolls back 3 tokens and takes 2 others, sequence 1 decodes alone up to sequence 2's
+// position, takes a copy of sequence 2's cells instead of its own (llama_memory_seq_cp) and
+// decodes one token (its predecessors are now sequence 2's), and 2 more steps of all three.
+// F32 KV cache.
 // --break-table truncates DIR/table.rows after the load: llama_decode must then return an error
 // (exit 0 when it does, 1 when it does not). Exit 2 when the model does not load.
 #include "llama.h"
@@ -159,6 +163,33 @@ int main(int argc, char ** argv) {
     add(4343, 0, true);
     if (!run("redecode")) { return 1; }
     if (!decode_steps(4, "after")) { return 1; }
+
+    // fork: sequence 2 rolls back 3 tokens and takes 2 others there; sequence 1 decodes alone up to
+    // sequence 2's next position, then drops its cells for a copy of sequence 2's (so its tokens'
+    // predecessors change under it) and decodes one token
+    pos[2] -= 3;
+    if (!llama_memory_seq_rm(mem, 2, pos[2], -1)) {
+        printf("fidelity: llama_memory_seq_rm refused the rollback of sequence 2\n");
+        return 1;
+    }
+    batch.n_tokens = 0;
+    add(4444, 2, true);
+    add(4545, 2, true);
+    if (!run("fork-seq2")) { return 1; }
+    while (pos[1] < pos[2]) {
+        batch.n_tokens = 0;
+        add(last[1], 1, true);
+        if (!run("fork-seq1")) { return 1; }
+    }
+    if (pos[1] != pos[2] || !llama_memory_seq_rm(mem, 1, -1, -1)) {
+        printf("fidelity: sequence 1 is not at sequence 2's position, or llama_memory_seq_rm refused to clear it\n");
+        return 1;
+    }
+    llama_memory_seq_cp(mem, 2, 1, -1, -1);
+    batch.n_tokens = 0;
+    add(last[1], 1, true);
+    if (!run("fork-copy")) { return 1; }
+    if (!decode_steps(2, "fork-after")) { return 1; }
 
     llama_batch_free(batch);
     llama_free(ctx);
