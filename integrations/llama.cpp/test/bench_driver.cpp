@@ -1,6 +1,6 @@
 // Bench driver: decodes real text (token ids from a file) through llama.h and times each llama_decode.
 //
-//   ple-bench-driver MODEL.gguf TOKENS.i32 TEST [--ple-table DIR] [--lazy] [--threads N] [--warm N] [--again]
+//   ple-bench-driver MODEL.gguf TOKENS.i32 TEST [--ple-table DIR] [--lazy] [--threads N] [--warm N] [--again] [--node-time]
 //
 // TOKENS.i32: little-endian int32 token ids (bench.sh writes the test kit's corpus stream there).
 // Every run first decodes the text's first token alone (not timed): the model's weights are then in.
@@ -12,6 +12,12 @@
 // --again: the test runs twice on the same tokens (the KV cache cleared between); the second pass's
 // rows are then in memory (the page cache, or libple's row cache): the resident baseline, paired
 // with the first pass in the same process ("ms_first", "read_bytes_first").
+// --node-time: the wall time of the graph node that gathers the PLE rows, through the scheduler's eval
+// callback: every node from the token embedding ("model.input_embed") to "ple_embd" is computed
+// on its own and timed, the token embedding's own time left out. For stock llama.cpp that is its
+// get_rows of per_layer_token_embd (the page faults of the lazy table; the madvise(WILLNEED) calls
+// of set_input are not in it); with --ple-table it would be layer 0 as well, so it is for stock only.
+// Reported as "node_ms" (and "node_ms_first") per pass's timed part.
 // Prints one JSON line: the timed llama_decode calls, ubatches, tokens, wall ms of the (last) pass,
 // and the bytes the process read from storage meanwhile (/proc/self/io read_bytes: page faults,
 // O_DIRECT and io_uring reads of all its threads). Writes "ple-bench-driver: first" and
@@ -32,6 +38,31 @@
 
 using clk = std::chrono::steady_clock;
 
+// --node-time: the scheduler asks, in graph order, whether each node is to be observed; every node
+// from the token embedding to "ple_embd" is, so each is computed alone between its two callbacks
+struct node_timer {
+    bool             active = false; // between "model.input_embed" and "ple_embd" of the current graph
+    clk::time_point  asked;
+    double           ms = 0;         // the PLE gather's wall time, accumulated
+};
+
+static bool on_eval(ggml_tensor * t, bool ask, void * user_data) {
+    auto * nt = static_cast<node_timer *>(user_data);
+    const bool embed = strcmp(t->name, "model.input_embed") == 0;
+    if (ask) {
+        nt->active = nt->active || embed; // a new graph starts with the token embedding
+        nt->asked  = clk::now();
+        return nt->active;
+    }
+    if (!embed) {
+        nt->ms += std::chrono::duration<double, std::milli>(clk::now() - nt->asked).count();
+    }
+    if (strcmp(t->name, "ple_embd") == 0) {
+        nt->active = false;
+    }
+    return true;
+}
+
 static long long read_bytes() { // the process's storage reads so far (task I/O accounting)
     long long v = -1;
     if (FILE * f = fopen("/proc/self/io", "r")) {
@@ -50,12 +81,13 @@ int main(int argc, char ** argv) {
         return 2;
     }
     const char * table = nullptr;
-    bool lazy = false, again = false;
+    bool lazy = false, again = false, node_time = false;
     int threads = 2;
     long warm = 0;
     for (int i = 4; i < argc; ++i) {
         if (!strcmp(argv[i], "--ple-table") && i + 1 < argc)    { table = argv[++i]; }
         else if (!strcmp(argv[i], "--lazy"))                   { lazy = true; }
+        else if (!strcmp(argv[i], "--node-time"))              { node_time = true; }
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) { threads = atoi(argv[++i]); }
         else if (!strcmp(argv[i], "--warm") && i + 1 < argc)    { warm = atol(argv[++i]); }
         else if (!strcmp(argv[i], "--again"))                  { again = true; }
@@ -97,6 +129,11 @@ int main(int argc, char ** argv) {
     cp.kv_unified      = true; // one KV buffer: the warm-up's 2,048-token prompts fit whatever n_seq is
     cp.n_threads       = threads;
     cp.n_threads_batch = threads;
+    node_timer nt;
+    if (node_time) {
+        cp.cb_eval           = on_eval;
+        cp.cb_eval_user_data = &nt;
+    }
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "ple-bench-driver: no context\n"); return 2; }
     llama_memory_t mem = llama_get_memory(ctx);
@@ -129,7 +166,7 @@ int main(int argc, char ** argv) {
         llama_memory_clear(mem, true);
     }
 
-    double ms = 0, ms_first = -1;
+    double ms = 0, ms_first = -1, node_ms_first = -1;
     int calls = 0, ubatches = 0;
     long tokens = 0, rb = 0, rb_first = -1;
     const long first = at; // the test's first token
@@ -143,6 +180,7 @@ int main(int argc, char ** argv) {
             batch.n_tokens = 0;
             for (int k = 0; k < arg; ++k) { add(text[at++], 0, k == arg - 1); }
             fprintf(stderr, "ple-bench-driver: %s\n", timed ? "measure" : "first");
+            nt.ms = 0;
             const long long r0 = read_bytes();
             const auto t0 = clk::now();
             decode();
@@ -160,6 +198,7 @@ int main(int argc, char ** argv) {
             }
             decode();
             fprintf(stderr, "ple-bench-driver: %s\n", timed ? "measure" : "first");
+            nt.ms = 0;
             const long long r0 = read_bytes();
             for (int step = 0; step < steps; ++step) {
                 batch.n_tokens = 0;
@@ -172,11 +211,12 @@ int main(int argc, char ** argv) {
             fprintf(stderr, "ple-bench-driver: stop\n");
             calls = steps, ubatches = steps, tokens = (long) steps * n_seq;
         }
-        if (!timed) { ms_first = ms, rb_first = rb; }
+        if (!timed) { ms_first = ms, rb_first = rb, node_ms_first = nt.ms; }
     }
     printf("{\"test\": \"%s\", \"warm\": %ld, \"again\": %d, \"calls\": %d, \"ubatches\": %d, \"tokens\": %ld, \"ms\": %.3f, \"read_bytes\": %ld, "
-           "\"ms_first\": %.3f, \"read_bytes_first\": %ld}\n",
-           test.c_str(), warm, (int) again, calls, ubatches, tokens, ms, rb, ms_first, rb_first);
+           "\"ms_first\": %.3f, \"read_bytes_first\": %ld, \"node_ms\": %.3f, \"node_ms_first\": %.3f}\n",
+           test.c_str(), warm, (int) again, calls, ubatches, tokens, ms, rb, ms_first, rb_first,
+           node_time ? nt.ms : -1.0, node_time ? node_ms_first : -1.0);
     fflush(stdout);
     llama_batch_free(batch);
     llama_free(ctx);
