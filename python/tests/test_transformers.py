@@ -115,10 +115,14 @@ def assert_same_generation(a, b):
 
 
 def ngram_tensors(model) -> list:
-    """Names of parameters and buffers that could hold the n-gram weight (its name or its shape)."""
-    emb = model.config.ple_embed_dim // 16
+    """Names of parameters and buffers that could hold the n-gram weight: its name, or its shape (2-D
+    rows one head wide, more than 1000 of them, and not the vocabulary's rows: the token embedding
+    and the LM head have those, and the hidden size may equal a head's width)."""
+    c = model.config
+    emb = c.ple_embed_dim // ((c.ngram_size - 1) * c.heads_per_ngram)
     named = list(model.named_parameters()) + list(model.named_buffers())
-    return [n for n, t in named if "ngram_embedding" in n or (t.ndim == 2 and t.shape[-1] == emb and t.shape[0] > 1000)]
+    return [n for n, t in named if "ngram_embedding" in n or (
+        t.ndim == 2 and t.shape[-1] == emb and 1000 < t.shape[0] != c.vocab_size)]
 
 
 @pytest.fixture(scope="module")
