@@ -57,17 +57,17 @@ CACHE_MB = int(os.environ.get("PLE_BENCH_CACHE_MB", "512"))
 WARM = int(os.environ.get("PLE_BENCH_WARM", "8192"))
 TESTS = os.environ.get("PLE_BENCH_TESTS", "prompt:512 prompt:2048 decode:1 decode:8").split()
 MODES = os.environ.get("PLE_BENCH_MODES", "cold resident steady").split()
-fork_env = {"LLAMA_PLE_STATS": "1"}
+stats_env = {"LLAMA_PLE_STATS": "1"}
 configs = [  # name, driver arguments, environment
-    ("stock BF16", ["--lazy", "--node-time"], os.path.join(data, "model-bf16.gguf"), fork_env),
-    ("stock Q4_0", ["--lazy", "--node-time"], os.path.join(data, "model-q4_0.gguf"), fork_env),
-    ("fork MMAP", ["--ple-table", table], nople, {**fork_env, "LLAMA_PLE_IO": "mmap"}),
+    ("stock BF16", ["--lazy", "--node-time"], os.path.join(data, "model-bf16.gguf"), stats_env),
+    ("stock Q4_0", ["--lazy", "--node-time"], os.path.join(data, "model-q4_0.gguf"), stats_env),
+    ("fork MMAP", ["--ple-table", table], nople, {**stats_env, "LLAMA_PLE_IO": "mmap"}),
     (f"fork DIRECT + {CACHE_MB} MiB cache", ["--ple-table", table], nople,
-     {**fork_env, "LLAMA_PLE_IO": "direct", "LLAMA_PLE_CACHE_MB": str(CACHE_MB)}),
+     {**stats_env, "LLAMA_PLE_IO": "direct", "LLAMA_PLE_CACHE_MB": str(CACHE_MB)}),
 ]
 if os.environ.get("PLE_BENCH_LATE") == "1":  # patch 0009 off: each ubatch submits its step in set_input
     configs.append((f"fork DIRECT + {CACHE_MB} MiB cache, late submit", ["--ple-table", table], nople,
-                    {**fork_env, "LLAMA_PLE_IO": "direct", "LLAMA_PLE_CACHE_MB": str(CACHE_MB), "LLAMA_PLE_EARLY": "0"}))
+                    {**stats_env, "LLAMA_PLE_IO": "direct", "LLAMA_PLE_CACHE_MB": str(CACHE_MB), "LLAMA_PLE_EARLY": "0"}))
 CONFIGS = [p for p in os.environ.get("PLE_BENCH_CONFIGS", "").split(",") if p]
 configs = [c for c in configs if os.path.exists(c[2]) and (not CONFIGS or any(c[0].startswith(p) for p in CONFIGS))]
 if not configs:
